@@ -1,0 +1,24 @@
+"""The ``glassbox`` command line: one module per subcommand, each with ``add_parser`` and ``run``."""
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = ("parity",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="glassbox", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"{__name__}.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

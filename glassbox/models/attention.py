@@ -1,0 +1,100 @@
+"""Causal multi-head self-attention with TransformerLens's weights and hook points.
+
+Weights right-multiply: W_Q/W_K/W_V [head d_model d_head], W_O [head d_head d_model]. W_Q, W_K and
+W_V are stored with [d_model head d_head] memory, so ``W_Q`` is the per-head view a notebook expects
+while the forward pass reads the same memory as one [d_model, head*d_head] matrix: no copy, no
+re-layout, on any forward.
+
+When nothing is attached to ``hook_attn_scores`` or ``hook_pattern`` the pattern is never
+materialised and the fused ``scaled_dot_product_attention`` kernel runs instead; its numbers agree
+with the explicit path to float rounding (tested).
+
+``attn_mask`` is None for plain causal attention over a fresh sequence, else a bool tensor
+broadcastable to [batch head query_pos key_pos], True where a query may attend.
+"""
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from ..hooks import HookPoint
+from .config import Config
+from .kv_cache import LayerKV
+from .ops import linear
+
+
+def per_head_weight(cfg: Config) -> nn.Parameter:
+    """An empty [head d_model d_head] parameter laid out in memory as [d_model head d_head]."""
+    return nn.Parameter(torch.empty(cfg.d_model, cfg.n_heads, cfg.d_head).permute(1, 0, 2))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.cfg = cfg
+        self.W_Q, self.W_K, self.W_V = per_head_weight(cfg), per_head_weight(cfg), per_head_weight(cfg)
+        self.W_O = nn.Parameter(torch.empty(cfg.n_heads, cfg.d_head, cfg.d_model))
+        if cfg.use_bias:
+            self.b_Q = nn.Parameter(torch.zeros(cfg.n_heads, cfg.d_head))
+            self.b_K = nn.Parameter(torch.zeros(cfg.n_heads, cfg.d_head))
+            self.b_V = nn.Parameter(torch.zeros(cfg.n_heads, cfg.d_head))
+            self.b_O = nn.Parameter(torch.zeros(cfg.d_model))
+        else:
+            self.b_Q = self.b_K = self.b_V = self.b_O = None
+        self.scale = 1.0 / math.sqrt(cfg.d_head)
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_attn_scores = HookPoint()  # scaled and causally masked with -inf, before softmax
+        self.hook_pattern = HookPoint()  # after softmax
+        self.hook_z = HookPoint()  # pattern-weighted values, before W_O
+
+    def project(self, x: Tensor, W: Tensor, b: Optional[Tensor]) -> Tensor:
+        """x [batch pos d_model] through one per-head weight -> [batch pos head d_head]."""
+        flat_W = W.permute(1, 0, 2).reshape(self.cfg.d_model, -1)  # a view for our stored layout
+        flat_b = b.reshape(-1) if b is not None else None
+        return linear(x, flat_W, flat_b).view(*x.shape[:-1], self.cfg.n_heads, self.cfg.d_head)
+
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        positions: Optional[Int[Tensor, "batch pos"]] = None,
+        attn_mask: Optional[Tensor] = None,
+        kv: Optional[LayerKV] = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        q = self.hook_q(self.project(x, self.W_Q, self.b_Q))
+        k = self.hook_k(self.project(x, self.W_K, self.b_K))
+        v = self.hook_v(self.project(x, self.W_V, self.b_V))
+        q, k = self.rotate(q, k, positions)
+        if kv is not None:
+            k, v = kv.append(k, v)
+        z = self.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask)
+        z = self.hook_z(z.transpose(1, 2))  # [batch pos head d_head]
+        flat_W_O = self.W_O.reshape(-1, self.cfg.d_model)
+        return linear(z.reshape(*z.shape[:2], -1), flat_W_O, self.b_O)
+
+    def rotate(self, q: Tensor, k: Tensor, positions: Optional[Tensor]) -> tuple:
+        """Position-dependent rotation of q and k; none for absolute positional embeddings."""
+        return q, k
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor]) -> Tensor:
+        """q [batch head query_pos d_head], k and v [batch head key_pos d_head] -> z, same layout as q."""
+        fresh_causal = attn_mask is None and q.shape[-2] == k.shape[-2]
+        if not (self.hook_attn_scores.has_hooks or self.hook_pattern.has_hooks):
+            if attn_mask is None and not fresh_causal:
+                attn_mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=fresh_causal,
+                                                  scale=self.scale)
+        if attn_mask is None:
+            attn_mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
+        scores = (q @ k.transpose(-1, -2)) * self.scale
+        scores = self.hook_attn_scores(scores.masked_fill(~attn_mask, float("-inf")))
+        pattern = self.hook_pattern(scores.softmax(dim=-1))
+        return pattern @ v
+
+
+def causal_mask(query_len: int, key_len: int, device) -> Tensor:
+    """[query_pos key_pos] bool: the last query_len of key_len positions attend to themselves and before."""
+    return torch.ones(query_len, key_len, dtype=torch.bool, device=device).tril(key_len - query_len)

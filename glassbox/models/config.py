@@ -1,0 +1,96 @@
+"""Config: the frozen, validated description of a hooked transformer.
+
+Every architectural choice is a field here and selects a component at construction; nothing in a
+forward pass branches on these fields. ``d_head`` defaults to ``d_model // n_heads`` and ``d_mlp``
+to ``4 * d_model``; errors name the field that is wrong and why.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+ACT_FNS = ("gelu_new", "gelu", "relu", "silu")
+NORMALIZATIONS = ("LN", "RMS")
+NORM_PLACEMENTS = ("pre", "post")
+POSITIONALS = ("learned", "sinusoidal", "rotary")
+ROTARY_STYLES = ("interleaved", "half")
+
+
+@dataclass(frozen=True)
+class Config:
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_vocab: int
+    n_ctx: int
+    d_head: Optional[int] = None
+    d_mlp: Optional[int] = None
+    act_fn: str = "gelu_new"
+    gated_mlp: bool = False
+    layer_norm_eps: float = 1e-5
+    init_range: float = 0.02
+    normalization: str = "LN"
+    norm_placement: str = "pre"
+    positional: str = "learned"
+    rotary_dim: Optional[int] = None
+    rotary_base: float = 10000.0
+    rotary_style: str = "half"
+    use_bias: bool = True
+    tied_unembed: bool = True
+    unembed_bias: bool = False
+    default_prepend_bos: bool = True
+    model_name: str = "custom"
+
+    def __post_init__(self):
+        for name in ("d_model", "n_layers", "n_heads", "d_vocab", "n_ctx"):
+            _positive_int(self, name)
+        if self.d_head is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(
+                    f"Config.d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                    "choose sizes that divide, or give d_head explicitly"
+                )
+            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        if self.d_mlp is None:
+            object.__setattr__(self, "d_mlp", 4 * self.d_model)
+        _positive_int(self, "d_head")
+        _positive_int(self, "d_mlp")
+        _one_of(self, "act_fn", ACT_FNS)
+        _one_of(self, "normalization", NORMALIZATIONS)
+        _one_of(self, "norm_placement", NORM_PLACEMENTS)
+        _one_of(self, "positional", POSITIONALS)
+        _one_of(self, "rotary_style", ROTARY_STYLES)
+        if not self.layer_norm_eps > 0:
+            raise ValueError(f"Config.layer_norm_eps must be > 0, got {self.layer_norm_eps}")
+        if not self.init_range > 0:
+            raise ValueError(f"Config.init_range must be > 0, got {self.init_range}")
+        if self.positional == "rotary":
+            if self.rotary_dim is None:
+                object.__setattr__(self, "rotary_dim", self.d_head)
+            if not (0 < self.rotary_dim <= self.d_head and self.rotary_dim % 2 == 0):
+                raise ValueError(
+                    f"Config.rotary_dim={self.rotary_dim} must be even and in (0, d_head={self.d_head}]"
+                )
+        elif self.rotary_dim is not None:
+            raise ValueError(f"Config.rotary_dim is set but positional={self.positional!r}, not 'rotary'")
+        if self.unembed_bias and self.tied_unembed is None:
+            raise ValueError("Config.unembed_bias needs an unembedding")
+
+    def replace(self, **changes) -> "Config":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _positive_int(cfg: Config, name: str) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"Config.{name} must be a positive int, got {value!r}")
+
+
+def _one_of(cfg: Config, name: str, options: tuple) -> None:
+    value = getattr(cfg, name)
+    if value not in options:
+        raise ValueError(f"Config.{name} must be one of {options}, got {value!r}")

@@ -1,0 +1,58 @@
+"""Token and learned position embeddings, and the unembedding.
+
+W_E [d_vocab d_model] and W_pos [n_ctx d_model] are row-indexed; W_U [d_model d_vocab]
+right-multiplies. With ``cfg.tied_unembed`` (GPT-2's choice) W_U is a view of W_E's transpose and
+not a parameter of its own, so the two can never drift apart.
+"""
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from .config import Config
+
+
+class Embed(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
+
+    def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        return F.embedding(tokens, self.W_E)
+
+
+class PosEmbed(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
+
+    def forward(self, positions: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        return F.embedding(positions, self.W_pos)
+
+
+class Unembed(nn.Module):
+    def __init__(self, cfg: Config, embed: Optional[Embed] = None):
+        super().__init__()
+        if cfg.tied_unembed:
+            if embed is None:
+                raise ValueError("a tied unembedding needs the Embed module whose W_E it shares")
+            # A plain list keeps the shared module out of this module's children and state dict.
+            self._tied_to = [embed]
+        else:
+            self._tied_to = []
+            # Stored as [d_vocab d_model] memory (F.linear's weight layout); W_U is its transpose view.
+            self.W_U_T = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
+        self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab)) if cfg.unembed_bias else None
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        return self._weight().T
+
+    def _weight(self) -> Tensor:
+        return self._tied_to[0].W_E if self._tied_to else self.W_U_T
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
+        return F.linear(x, self._weight(), self.b_U)

@@ -1,0 +1,219 @@
+"""HookedTransformer: the residual-stream model, and only the computation.
+
+``forward`` takes token ids [batch pos] (or text, tokenized with the BOS policy of
+``tokenize.py``) and returns logits, the loss, both, or nothing. Loading, generating and analysis
+live in ``glassbox.weights`` and ``glassbox.interp``; the methods at the bottom of this class are thin
+entry points into those layers, kept here because notebooks call them on the model.
+
+Footgun: hooks are state on the model. ``run_with_hooks`` and ``with model.hooks(...)`` clean up;
+``add_hook`` does not.
+"""
+
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from ..hooks import HookedRootModule, HookPoint
+from .block import TransformerBlock
+from .config import Config
+from .embed import Embed, PosEmbed, Unembed
+from .init import init_weights
+from .kv_cache import KVCache
+from .layer_norm import LayerNorm
+from .masks import attention_mask_for, positions_for
+from .tokenize import TokenizerMixin
+
+RETURN_TYPES = ("logits", "loss", "both", None)
+
+
+class HookedTransformer(TokenizerMixin, HookedRootModule):
+    def __init__(self, cfg: Config, tokenizer=None, init: bool = True,
+                 device: Union[str, torch.device, None] = None, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if not isinstance(cfg, Config):
+            raise TypeError(f"HookedTransformer needs a glassbox Config, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self._tokenizer = tokenizer
+        with torch.device(device if device is not None else "cpu"):
+            self.embed = Embed(cfg)
+            self.hook_embed = HookPoint()
+            self.pos_embed = PosEmbed(cfg)
+            self.hook_pos_embed = HookPoint()
+            self.blocks = nn.ModuleList(TransformerBlock(cfg, layer) for layer in range(cfg.n_layers))
+            self.ln_final = LayerNorm(cfg)
+            self.unembed = Unembed(cfg, self.embed)
+        if init:
+            init_weights(self, cfg)
+        self.to(dtype)
+        self.setup()
+
+    # -- the computation ---------------------------------------------------------------------
+    def forward(
+        self,
+        input: Union[str, list, Int[Tensor, "batch pos"]],
+        return_type: Optional[str] = "logits",
+        loss_per_token: bool = False,
+        attention_mask: Optional[Tensor] = None,
+        prepend_bos: Optional[bool] = None,
+        padding_side: str = "right",
+        stop_at_layer: Optional[int] = None,
+        past_kv_cache: Optional[KVCache] = None,
+    ):
+        """Run the model.
+
+        Args:
+            input: token ids [batch pos], a string, or a list of strings (padded, with a mask).
+            return_type: "logits" [batch pos d_vocab], "loss" (mean next-token cross-entropy over
+                real tokens), "both" (logits, loss), or None (runs the blocks, skips the unembedding).
+            loss_per_token: loss as [batch pos-1] instead of the mean (pads contribute 0).
+            attention_mask: [batch pos], 1 for real tokens, 0 for padding (left or right).
+            stop_at_layer: run only blocks[:stop_at_layer] and return the residual stream there.
+            past_kv_cache: a KVCache from earlier calls; input then holds only the new tokens.
+        """
+        if return_type not in RETURN_TYPES:
+            raise ValueError(f"return_type must be one of {RETURN_TYPES}, got {return_type!r}")
+        tokens, attention_mask = self.input_to_tokens(input, attention_mask, prepend_bos, padding_side)
+        past = len(past_kv_cache) if past_kv_cache is not None else 0
+        self.check_tokens(tokens, past)
+        key_mask = attention_mask
+        if past_kv_cache is not None:
+            key_mask = past_kv_cache.extend_mask(attention_mask, tokens.shape)
+        positions = positions_for(tokens, key_mask, past)
+        attn_mask = attention_mask_for(key_mask, tokens.shape[1], past + tokens.shape[1], tokens.device)
+
+        resid = self.hook_embed(self.embed(tokens))
+        resid = resid + self.hook_pos_embed(self.pos_embed(positions))
+        n_blocks = self.cfg.n_layers if stop_at_layer is None else stop_at_layer
+        for block in self.blocks[:n_blocks]:
+            kv = past_kv_cache[block.layer] if past_kv_cache is not None else None
+            resid = block(resid, positions, attn_mask, kv)
+        if stop_at_layer is not None:
+            return resid
+        if return_type is None:
+            return None
+        logits = self.unembed(self.ln_final(resid))
+        if return_type == "logits":
+            return logits
+        loss = lm_loss(logits, tokens, attention_mask, loss_per_token)
+        return loss if return_type == "loss" else (logits, loss)
+
+    def input_to_tokens(self, input, attention_mask, prepend_bos, padding_side) -> tuple:
+        if isinstance(input, (str, list, tuple)):
+            if attention_mask is not None:
+                raise ValueError("attention_mask is derived from text input; pass it only with token ids")
+            return self.tokenize(input, prepend_bos, padding_side)
+        if not isinstance(input, Tensor):
+            raise ValueError(f"input must be token ids [batch pos], a string or a list of strings, "
+                             f"got {type(input).__name__}")
+        tokens = input.to(self.cfg_device())
+        if tokens.ndim == 1:
+            tokens = tokens[None]
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(tokens.device)
+            if attention_mask.ndim == 1:
+                attention_mask = attention_mask[None]
+            if attention_mask.shape != tokens.shape:
+                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, "
+                                 f"tokens have {tuple(tokens.shape)}")
+            attention_mask = attention_mask.bool()
+        return tokens, attention_mask
+
+    def check_tokens(self, tokens: Tensor, past: int = 0) -> None:
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise ValueError(f"token ids must be an integer tensor, got dtype {tokens.dtype}")
+        if tokens.ndim != 2:
+            raise ValueError(f"token ids must be [batch pos], got shape {tuple(tokens.shape)}")
+        if tokens.numel() == 0:
+            raise ValueError(f"token ids are empty: shape {tuple(tokens.shape)}")
+        if past + tokens.shape[1] > self.cfg.n_ctx:
+            raise ValueError(f"sequence of {past + tokens.shape[1]} tokens is longer than "
+                             f"n_ctx={self.cfg.n_ctx}")
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= self.cfg.d_vocab:
+            bad = low if low < 0 else high
+            raise ValueError(f"token id {bad} is outside [0, d_vocab={self.cfg.d_vocab})")
+
+    # -- TransformerLens-style views ---------------------------------------------------------
+    @property
+    def W_E(self) -> Tensor:
+        return self.embed.W_E
+
+    @property
+    def W_pos(self) -> Tensor:
+        return self.pos_embed.W_pos
+
+    @property
+    def W_U(self) -> Tensor:
+        return self.unembed.W_U
+
+    def _stacked(self, module: str, name: str) -> Tensor:
+        return torch.stack([getattr(getattr(block, module), name) for block in self.blocks])
+
+    W_Q = property(lambda self: self._stacked("attn", "W_Q"), doc="[layer head d_model d_head] (a copy)")
+    W_K = property(lambda self: self._stacked("attn", "W_K"), doc="[layer head d_model d_head] (a copy)")
+    W_V = property(lambda self: self._stacked("attn", "W_V"), doc="[layer head d_model d_head] (a copy)")
+    W_O = property(lambda self: self._stacked("attn", "W_O"), doc="[layer head d_head d_model] (a copy)")
+    W_in = property(lambda self: self._stacked("mlp", "W_in"), doc="[layer d_model d_mlp] (a copy)")
+    W_out = property(lambda self: self._stacked("mlp", "W_out"), doc="[layer d_mlp d_model] (a copy)")
+
+    # -- entry points into the later layers --------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, device=None, dtype: torch.dtype = torch.float32, **kwargs):
+        """Load a hub name (gpt2, gpt2-medium, ...), a local folder, or a shipped model."""
+        from ..weights import from_pretrained
+
+        return from_pretrained(name_or_path, device=device, dtype=dtype, **kwargs)
+
+    @classmethod
+    def from_hf(cls, hf_model, tokenizer=None, device=None, dtype: Optional[torch.dtype] = None):
+        """Build from an in-memory ``transformers`` GPT-2 model (same weights, no processing)."""
+        from ..weights import from_hf
+
+        return from_hf(hf_model, tokenizer=tokenizer, device=device, dtype=dtype)
+
+    def run_with_cache(self, *args, **kwargs):
+        """Run and cache activations; see ``glassbox.interp.cache.run_with_cache``."""
+        from ..interp.cache import run_with_cache
+
+        return run_with_cache(self, *args, **kwargs)
+
+    def cache_size(self, *args, **kwargs) -> int:
+        """Bytes a cache would take, before running; see ``glassbox.interp.cache.cache_size``."""
+        from ..interp.cache import cache_size
+
+        return cache_size(self, *args, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        """Decode with a key-value cache; see ``glassbox.models.generate.generate``."""
+        from .generate import generate
+
+        return generate(self, *args, **kwargs)
+
+    def to_hf(self):
+        """Export as a ``transformers.GPT2LMHeadModel`` with the same weights."""
+        from ..weights import to_hf
+
+        return to_hf(self)
+
+    def save_pretrained(self, folder) -> None:
+        """Write a Hugging Face GPT-2 folder (config.json, model.safetensors, tokenizer files)."""
+        from ..weights import save_pretrained
+
+        save_pretrained(self, folder)
+
+
+def lm_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"],
+            attention_mask: Optional[Tensor] = None, per_token: bool = False) -> Tensor:
+    """Next-token cross-entropy; positions whose input or target is padding are ignored."""
+    if tokens.shape[1] < 2:
+        raise ValueError("the loss needs at least 2 tokens per sequence")
+    log_probs = F.log_softmax(logits[:, :-1].float(), dim=-1)
+    nll = -log_probs.gather(-1, tokens[:, 1:, None])[..., 0]
+    if attention_mask is None:
+        return nll if per_token else nll.mean()
+    valid = attention_mask[:, 1:] & attention_mask[:, :-1]
+    nll = nll * valid
+    return nll if per_token else nll.sum() / valid.sum().clamp(min=1)

@@ -1,0 +1,130 @@
+"""Building glassbox models from Hugging Face GPT-2 weights, and exporting them back.
+
+Names resolve in this order: a local folder; a model shipped inside the package; a hub name
+(gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2) fetched or found in the local Hugging Face
+cache by ``huggingface_hub`` (so ``HF_HUB_OFFLINE=1`` with a filled cache works). No weight
+processing happens on load: our logits equal the HF model's.
+"""
+
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+
+from ..models import Config, HookedTransformer
+from .files import read_config, read_state_dict
+from .gpt2 import config_from_hf, config_to_hf, glassbox_to_hf, hf_to_glassbox
+
+# Hub names -> (n_layer, n_embd, n_head); vocabulary 50257 and context 1024 for all of them.
+HUB_MODELS = {
+    "gpt2": (12, 768, 12),
+    "gpt2-medium": (24, 1024, 16),
+    "gpt2-large": (36, 1280, 20),
+    "gpt2-xl": (48, 1600, 25),
+    "distilgpt2": (6, 768, 12),
+}
+HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "vocab.json", "merges.txt",
+             "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
+TOKENIZER_FILES = ("vocab.json", "tokenizer.json")
+
+
+def hub_config(name: str) -> Config:
+    """The Config of a GPT-2 hub model, without downloading anything."""
+    from transformers import GPT2Config
+
+    if name not in HUB_MODELS:
+        raise KeyError(f"unknown hub model {name!r}; known: {', '.join(HUB_MODELS)}")
+    n_layer, n_embd, n_head = HUB_MODELS[name]
+    return config_from_hf(GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, name_or_path=name))
+
+
+def shipped_models() -> list:
+    return sorted(p.name for p in SHIPPED_DIR.iterdir() if p.is_dir()) if SHIPPED_DIR.is_dir() else []
+
+
+def resolve(name_or_path: Union[str, Path]) -> Path:
+    """The local folder holding a model's config.json and weights."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    name = str(name_or_path)
+    if (SHIPPED_DIR / name).is_dir():
+        return SHIPPED_DIR / name
+    if name in HUB_MODELS:
+        from huggingface_hub import snapshot_download
+
+        try:
+            return Path(snapshot_download(name, allow_patterns=HUB_FILES))
+        except Exception as err:
+            raise OSError(
+                f"could not fetch {name!r} from the Hugging Face hub or find it in the local cache "
+                f"({type(err).__name__}: {err}). Download it once with network access, or pass a local folder."
+            ) from err
+    raise ValueError(f"{name!r} is neither a folder, a shipped model ({', '.join(shipped_models()) or 'none'}) "
+                     f"nor a known hub name ({', '.join(HUB_MODELS)})")
+
+
+def from_pretrained(name_or_path, device=None, dtype: torch.dtype = torch.float32, tokenizer=None,
+                    **kwargs) -> HookedTransformer:
+    folder = resolve(name_or_path)
+    if kwargs:
+        raise TypeError(f"unexpected options for from_pretrained: {', '.join(kwargs)}")
+    return load_folder(folder, device=device, dtype=dtype, tokenizer=tokenizer)
+
+
+def load_folder(folder: Path, device=None, dtype: torch.dtype = torch.float32,
+                tokenizer=None) -> HookedTransformer:
+    """A Hugging Face GPT-2 folder -> HookedTransformer; errors name the file or tensor."""
+    from transformers import GPT2Config
+
+    folder = Path(folder)
+    config = read_config(folder)
+    if config.get("model_type") != "gpt2":
+        raise ValueError(f"{folder / 'config.json'} describes model_type={config.get('model_type')!r}; "
+                         "glassbox loads GPT-2 folders")
+    cfg = config_from_hf(GPT2Config.from_dict(config)).replace(model_name=folder.name)
+    state = hf_to_glassbox(read_state_dict(folder), cfg, source=str(folder))
+    if tokenizer is None and any((folder / f).is_file() for f in TOKENIZER_FILES):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    return build(cfg, state, tokenizer, device, dtype)
+
+
+def build(cfg: Config, state: dict, tokenizer, device, dtype) -> HookedTransformer:
+    model = HookedTransformer(cfg, tokenizer=tokenizer, init=False, device=device, dtype=dtype)
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+def from_hf(hf_model, tokenizer=None, device=None, dtype: Optional[torch.dtype] = None) -> HookedTransformer:
+    """An in-memory ``transformers`` GPT-2 -> HookedTransformer with the same weights."""
+    cfg = config_from_hf(hf_model.config)
+    state = hf_to_glassbox(hf_model.state_dict(), cfg)
+    first = next(hf_model.parameters())
+    return build(cfg, state, tokenizer, device or first.device, dtype or first.dtype)
+
+
+def to_hf(model: HookedTransformer):
+    """HookedTransformer -> ``transformers.GPT2LMHeadModel`` (eager attention) with the same weights."""
+    from transformers import GPT2LMHeadModel
+
+    hf_config = config_to_hf(model.cfg)
+    hf_config._attn_implementation = "eager"
+    first = next(model.parameters())
+    with torch.device("meta"):
+        hf_model = GPT2LMHeadModel(hf_config)
+    hf_model.load_state_dict(glassbox_to_hf(model.state_dict(), model.cfg), strict=False, assign=True)
+    if model.cfg.tied_unembed:
+        hf_model.tie_weights()
+    return hf_model.to(first.device).eval()
+
+
+def save_pretrained(model: HookedTransformer, folder) -> None:
+    """Write a Hugging Face GPT-2 folder that ``transformers`` and glassbox both load."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    to_hf(model).save_pretrained(str(folder))
+    if model._tokenizer is not None or model.cfg.d_vocab == 50257:
+        model.tokenizer.save_pretrained(str(folder))
