@@ -61,6 +61,8 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
         padding_side: str = "right",
         stop_at_layer: Optional[int] = None,
         past_kv_cache: Optional[KVCache] = None,
+        start_at_layer: Optional[int] = None,
+        tokens: Optional[Tensor] = None,
     ):
         """Run the model.
 
@@ -72,9 +74,14 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
             attention_mask: [batch pos], 1 for real tokens, 0 for padding (left or right).
             stop_at_layer: run only blocks[:stop_at_layer] and return the residual stream there.
             past_kv_cache: a KVCache from earlier calls; input then holds only the new tokens.
+            start_at_layer: input is the residual stream [batch pos d_model] entering this block;
+                the earlier blocks and the embeddings are skipped. Pass ``tokens`` for a loss.
         """
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type must be one of {RETURN_TYPES}, got {return_type!r}")
+        if start_at_layer is not None:
+            return self.forward_from(input, start_at_layer, return_type, loss_per_token, attention_mask,
+                                     stop_at_layer, tokens)
         tokens, attention_mask = self.input_to_tokens(input, attention_mask, prepend_bos, padding_side)
         past = len(past_kv_cache) if past_kv_cache is not None else 0
         self.check_tokens(tokens, past)
@@ -86,11 +93,34 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
 
         resid = self.hook_embed(self.embed(tokens))
         resid = resid + self.hook_pos_embed(self.pos_embed(positions))
-        n_blocks = self.cfg.n_layers if stop_at_layer is None else stop_at_layer
-        for block in self.blocks[:n_blocks]:
+        return self.run_blocks(resid, 0, stop_at_layer, positions, attn_mask, past_kv_cache, return_type,
+                               tokens, attention_mask, loss_per_token)
+
+    def forward_from(self, resid: Float[Tensor, "batch pos d_model"], start_at_layer: int, return_type,
+                     loss_per_token: bool = False, attention_mask: Optional[Tensor] = None,
+                     stop_at_layer: Optional[int] = None, tokens: Optional[Tensor] = None):
+        """Continue a forward pass from the residual stream entering block ``start_at_layer``."""
+        if not 0 <= start_at_layer <= self.cfg.n_layers:
+            raise ValueError(f"start_at_layer={start_at_layer} is outside [0, n_layers={self.cfg.n_layers}]")
+        if resid.ndim != 3 or resid.shape[-1] != self.cfg.d_model:
+            raise ValueError(f"with start_at_layer, input is the residual stream [batch pos d_model="
+                             f"{self.cfg.d_model}], got shape {tuple(resid.shape)}")
+        if return_type in ("loss", "both") and tokens is None:
+            raise ValueError("a loss from start_at_layer needs tokens=")
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(resid.device).bool()
+        positions = positions_for(resid[..., 0], attention_mask, 0)
+        attn_mask = attention_mask_for(attention_mask, resid.shape[1], resid.shape[1], resid.device)
+        return self.run_blocks(resid, start_at_layer, stop_at_layer, positions, attn_mask, None, return_type,
+                               tokens, attention_mask, loss_per_token)
+
+    def run_blocks(self, resid, start, stop, positions, attn_mask, past_kv_cache, return_type, tokens,
+                   attention_mask, loss_per_token):
+        end = self.cfg.n_layers if stop is None else stop
+        for block in self.blocks[start:end]:
             kv = past_kv_cache[block.layer] if past_kv_cache is not None else None
             resid = block(resid, positions, attn_mask, kv)
-        if stop_at_layer is not None:
+        if stop is not None:
             return resid
         if return_type is None:
             return None
