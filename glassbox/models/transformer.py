@@ -17,12 +17,12 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from ..hooks import HookedRootModule, HookPoint
-from .block import TransformerBlock
+from . import components
+from .block_variants import block
 from .config import Config
-from .embed import Embed, PosEmbed, Unembed
+from .embed import Embed, Unembed
 from .init import init_weights
 from .kv_cache import KVCache
-from .layer_norm import LayerNorm
 from .masks import attention_mask_for, positions_for
 from .tokenize import TokenizerMixin
 
@@ -40,11 +40,15 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
         with torch.device(device if device is not None else "cpu"):
             self.embed = Embed(cfg)
             self.hook_embed = HookPoint()
-            self.pos_embed = PosEmbed(cfg)
-            self.hook_pos_embed = HookPoint()
-            self.blocks = nn.ModuleList(TransformerBlock(cfg, layer) for layer in range(cfg.n_layers))
-            self.ln_final = LayerNorm(cfg)
+            # None with rotary positions: they enter through the attention, not the residual stream.
+            self.pos_embed = components.positional_embedding(cfg)
+            if self.pos_embed is not None:
+                self.hook_pos_embed = HookPoint()
+            self.blocks = nn.ModuleList(block(cfg, layer) for layer in range(cfg.n_layers))
+            self.ln_final = components.final_norm(cfg)
             self.unembed = Unembed(cfg, self.embed)
+        # Weight processing applied to this model's weights (see glassbox.weights.processing).
+        self.processing: tuple = ()
         if init:
             init_weights(self, cfg)
         self.to(dtype)
@@ -53,7 +57,7 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
     # -- the computation ---------------------------------------------------------------------
     def forward(
         self,
-        input: Union[str, list, Int[Tensor, "batch pos"]],
+        input: Union[str, list, Tensor],
         return_type: Optional[str] = "logits",
         loss_per_token: bool = False,
         attention_mask: Optional[Tensor] = None,
@@ -92,7 +96,8 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
         attn_mask = attention_mask_for(key_mask, tokens.shape[1], past + tokens.shape[1], tokens.device)
 
         resid = self.hook_embed(self.embed(tokens))
-        resid = resid + self.hook_pos_embed(self.pos_embed(positions))
+        if self.pos_embed is not None:
+            resid = resid + self.hook_pos_embed(self.pos_embed(positions))
         return self.run_blocks(resid, 0, stop_at_layer, positions, attn_mask, past_kv_cache, return_type,
                                tokens, attention_mask, loss_per_token)
 
@@ -173,6 +178,8 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
 
     @property
     def W_pos(self) -> Tensor:
+        if self.pos_embed is None:
+            raise AttributeError(f"a model with positional={self.cfg.positional!r} has no W_pos")
         return self.pos_embed.W_pos
 
     @property

@@ -1,0 +1,47 @@
+"""``glassbox parity``: run a model and its ``transformers`` twin side by side, stage by stage."""
+
+import time
+
+import torch
+
+TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("parity", help="compare glassbox with transformers, stage by stage")
+    p.add_argument("--model", default=None,
+                   help="hub name (gpt2, ...), folder or shipped model; default: a random GPT-2-small-shape model")
+    p.add_argument("--prompt", default="The quick brown fox jumps over the lazy dog. The quick brown fox")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--device", default=None, help="e.g. cuda; default: cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def build_model(name, device, dtype, seed):
+    from ..models import HookedTransformer
+    from ..weights import hub_config
+
+    if name is not None:
+        return HookedTransformer.from_pretrained(name, device=device, dtype=dtype)
+    torch.manual_seed(seed)
+    return HookedTransformer(hub_config("gpt2").replace(model_name="random gpt2"), device=device, dtype=dtype)
+
+
+def run(args) -> int:
+    from ..weights.parity import format_report, parity_report
+
+    dtype = getattr(torch, args.dtype)
+    start = time.perf_counter()
+    model = build_model(args.model, args.device, dtype, args.seed)
+    tokens = model.to_tokens(args.prompt)
+    rows = parity_report(model, tokens)
+    print(f"model: {model.cfg.model_name} ({model.cfg.n_layers} layers, d_model {model.cfg.d_model}, "
+          f"{sum(p.numel() for p in model.parameters()):,} parameters), {args.dtype}, "
+          f"{tokens.shape[1]} tokens")
+    print(format_report(rows))
+    worst = max(r.rel_diff for r in rows)
+    ok = worst <= TOLERANCE[dtype]
+    print(f"worst relative difference {worst:.2e} (tolerance {TOLERANCE[dtype]:.0e}): "
+          f"{'PARITY HOLDS' if ok else 'PARITY FAILS'} [{time.perf_counter() - start:.1f} s]")
+    return 0 if ok else 1

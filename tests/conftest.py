@@ -1,0 +1,56 @@
+"""Shared fixtures: seeded random Hugging Face GPT-2 references and their glassbox twins.
+
+Tiny configs use distinct sizes (2 layers, 3 heads of 5, 7 MLP... see TINY) so a swapped axis cannot
+pass. Every LayerNorm weight and bias and every linear bias is perturbed away from 1 and 0, so a
+component that ignores one of them fails parity.
+"""
+
+import pytest
+import torch
+
+from glassbox.models import HookedTransformer
+
+TINY = dict(n_layer=2, n_embd=15, n_head=3, n_inner=22, vocab_size=29, n_positions=17)
+SMALL = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)
+
+
+def make_hf_gpt2(seed: int = 0, dtype=torch.float32, **sizes):
+    """A ``transformers.GPT2LMHeadModel`` (eager attention) with seeded random, perturbed weights."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    last = sizes["vocab_size"] - 1
+    config = GPT2Config(**sizes, attn_implementation="eager", bos_token_id=min(50256, last),
+                        eos_token_id=min(50256, last))
+    model = GPT2LMHeadModel(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.ndim == 1:
+                param.add_(0.3 * torch.randn_like(param))
+    return model.to(dtype).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_hf():
+    return make_hf_gpt2(**TINY)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_hf):
+    return HookedTransformer.from_hf(tiny_hf)
+
+
+@pytest.fixture
+def tiny_tokens():
+    return torch.randint(0, TINY["vocab_size"], (3, 11), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="session")
+def small_hf():
+    """GPT-2-small shape (124M parameters), random weights."""
+    return make_hf_gpt2(seed=1, **SMALL)
+
+
+@pytest.fixture(scope="session")
+def small_model(small_hf):
+    return HookedTransformer.from_hf(small_hf)
