@@ -34,11 +34,16 @@ def run(args) -> int:
     dtype = getattr(torch, args.dtype)
     start = time.perf_counter()
     model = build_model(args.model, args.device, dtype, args.seed)
-    tokens = model.to_tokens(args.prompt)
+    try:
+        tokens, source = model.to_tokens(args.prompt), f"prompt {args.prompt!r}"
+    except ValueError as err:  # a model without a tokenizer: compare on random ids instead
+        generator = torch.Generator().manual_seed(args.seed)
+        tokens = torch.randint(0, model.cfg.d_vocab, (1, min(16, model.cfg.n_ctx)), generator=generator)
+        source = f"random token ids ({err})"
     rows = parity_report(model, tokens)
     print(f"model: {model.cfg.model_name} ({model.cfg.n_layers} layers, d_model {model.cfg.d_model}, "
           f"{sum(p.numel() for p in model.parameters()):,} parameters), {args.dtype}, "
-          f"{tokens.shape[1]} tokens")
+          f"{tokens.shape[1]} tokens of {source}")
     print(format_report(rows))
     worst = max(r.rel_diff for r in rows)
     ok = worst <= TOLERANCE[dtype]
