@@ -1,0 +1,112 @@
+"""ActivationCache: a read-only mapping from hook name to a cached activation.
+
+Keys are full hook names (``"blocks.3.attn.hook_pattern"``) or TransformerLens shorthand tuples
+(``cache["pattern", 3]``, ``cache["scale", 1, "ln2"]``), resolved by ``act_name``'s exact table.
+Gradients, when cached with ``incl_bwd=True``, sit under ``<name>_grad``.
+
+The cache remembers the model it came from (for weights in the analysis methods), the tokens and the
+attention mask of the run (for head detection and last-token reads) and whether the batch axis was
+removed. The tensors are detached copies, so nothing done to the model or to later activations
+changes them; they are still ordinary tensors, so editing one in place edits the cache.
+
+Footgun: the analysis methods read the model's *current* weights. Editing weights after caching makes
+decompositions that mix old activations with new weights.
+"""
+
+from collections.abc import Mapping
+from typing import Iterator, Optional, Union
+
+import torch
+from torch import Tensor
+
+from ..hooks import unknown_name_message
+from .act_names import act_name
+
+Key = Union[str, tuple]
+
+
+class ActivationCache(Mapping):
+    def __init__(self, cache_dict: dict, model, has_batch_dim: bool = True, tokens: Optional[Tensor] = None,
+                 attention_mask: Optional[Tensor] = None):
+        self._data = dict(cache_dict)
+        self.model = model
+        self.has_batch_dim = has_batch_dim
+        self.tokens = tokens
+        self.attention_mask = attention_mask
+
+    # -- mapping ------------------------------------------------------------------------------
+    def __getitem__(self, key: Key) -> Tensor:
+        name = self.resolve(key)
+        if name not in self._data and isinstance(key, str):
+            name = _shorthand(key) or name
+        if name in self._data:
+            return self._data[name]
+        hook_names = getattr(self.model, "hook_dict", {})
+        base = name[: -len("_grad")] if name.endswith("_grad") else name
+        if base in hook_names or base in self._data:
+            raise KeyError(f"{name!r} was not cached by this run ({len(self._data)} entries); include it "
+                           "in names_filter" + (" and pass incl_bwd=True" if name.endswith("_grad") else ""))
+        raise KeyError(unknown_name_message(name, self._data) + " (not in this cache)")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key) -> bool:
+        try:
+            self[key]
+        except KeyError:
+            return False
+        return True
+
+    def __repr__(self) -> str:
+        return f"ActivationCache({len(self)} activations, {self.nbytes / 2**20:.1f} MiB)"
+
+    @staticmethod
+    def resolve(key: Key) -> str:
+        """The full hook name of a key: a name stays as it is, a tuple goes through ``act_name``."""
+        if isinstance(key, str):
+            return key
+        if isinstance(key, tuple) and 1 <= len(key) <= 3:
+            return act_name(*key)
+        raise KeyError(f"a cache key is a hook name or a (kind, layer[, layer_type]) tuple, got {key!r}")
+
+    # -- whole-cache operations ---------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cached tensors."""
+        return sum(t.numel() * t.element_size() for t in self._data.values())
+
+    def to(self, device=None, dtype: Optional[torch.dtype] = None) -> "ActivationCache":
+        """A new cache with every tensor moved (and floating tensors cast, if ``dtype``)."""
+        moved = {name: _convert(t, device, dtype) for name, t in self._data.items()}
+        return self._like(moved, self.has_batch_dim, self.tokens, self.attention_mask, device)
+
+    def remove_batch_dim(self) -> "ActivationCache":
+        """A new cache with the batch axis (which must have size 1) dropped from every tensor."""
+        if not self.has_batch_dim:
+            return self
+        for name, t in self._data.items():
+            if t.shape[0] != 1:
+                raise ValueError(f"remove_batch_dim needs batch size 1, {name} has shape {tuple(t.shape)}")
+        return self._like({n: t[0] for n, t in self._data.items()}, False, self.tokens, self.attention_mask)
+
+    def _like(self, data: dict, has_batch_dim: bool, tokens, mask, device=None) -> "ActivationCache":
+        if device is not None:
+            tokens = tokens.to(device) if tokens is not None else None
+            mask = mask.to(device) if mask is not None else None
+        return ActivationCache(data, self.model, has_batch_dim, tokens, mask)
+
+
+def _shorthand(key: str) -> Optional[str]:
+    """``cache["embed"]``, ``cache["scale"]``: a layer-free shorthand, or None if it is not one."""
+    try:
+        return act_name(key)
+    except KeyError:
+        return None
+
+
+def _convert(t: Tensor, device, dtype: Optional[torch.dtype]) -> Tensor:
+    return t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None)

@@ -1,0 +1,193 @@
+"""run_with_cache and cache_size: record activations during a forward pass, and predict their bytes.
+
+Contract:
+- ``names_filter`` is None (every hook), a hook name, a list of hook names, or a callable on names.
+  An unknown name raises ``KeyError`` with the closest valid names.
+- Each activation is copied as it is cached: detached, moved to ``device`` and cast to ``dtype``
+  (floating tensors only) right away, so a GPU run can cache to CPU in float16 without holding a full
+  GPU copy, and no later hook that edits a tensor in place can change what was cached.
+- With ``return_type=None`` nothing after the last requested activation is needed, so the forward
+  stops as soon as that activation is cached. With ``stop_at_layer`` the forward runs only the
+  blocks before it (the output is the residual stream there); an explicitly named activation beyond
+  that point is an error rather than a silently missing key.
+- ``incl_bwd=True`` runs a backward pass on the loss and caches gradients as ``<name>_grad``.
+  Parameter ``.grad`` fields are left exactly as they were.
+- With no filter, an input whose full cache would exceed ``CACHE_BUDGET_BYTES`` (set it to change the
+  budget) warns with the predicted size and how to filter.
+
+Footgun: caching ``hook_attn_scores`` or ``hook_pattern`` makes attention materialise the
+[batch head query_pos key_pos] pattern instead of running the fused kernel: that is the memory the
+size estimate reports.
+"""
+
+import math
+import warnings
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from ..models.hook_shapes import hook_shape
+from .activation_cache import ActivationCache
+
+CACHE_BUDGET_BYTES = 4 * 2**30  # warn above this many bytes for an unfiltered cache
+
+NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
+
+
+class CacheSizeWarning(UserWarning):
+    """An unfiltered cache would be larger than ``CACHE_BUDGET_BYTES``."""
+
+
+class _StopForward(Exception):
+    """Raised from a caching hook once every requested activation is in hand."""
+
+
+def resolve_names(model, names_filter: NamesFilter) -> list:
+    """Hook names selected by a filter, in ``hook_dict`` order; unknown names raise ``KeyError``."""
+    if names_filter is None:
+        return list(model.hook_dict)
+    if isinstance(names_filter, str):
+        return model.resolve_hook_names(names_filter)
+    if callable(names_filter):
+        return model.resolve_hook_names(names_filter)
+    if isinstance(names_filter, (list, tuple, set, frozenset)):
+        names = []
+        for name in names_filter:
+            if not isinstance(name, str):
+                raise TypeError(f"names_filter entries must be hook names, got {name!r}")
+            names += [n for n in model.resolve_hook_names(name) if n not in names]
+        return names
+    raise TypeError(f"names_filter must be None, a hook name, a list of names or a callable, "
+                    f"got {type(names_filter).__name__}")
+
+
+def cache_size(model, input_shape, names_filter: NamesFilter = None, dtype: Optional[torch.dtype] = None,
+               incl_bwd: bool = False) -> int:
+    """Bytes a cache of ``names_filter`` would take for tokens of ``input_shape`` (batch, pos).
+
+    Computed from ``HOOK_SHAPES`` without running the model. ``input_shape`` may also be a token
+    tensor. ``dtype`` is the cache dtype (default: the model's).
+    """
+    if isinstance(input_shape, Tensor):
+        input_shape = tuple(input_shape.shape)
+    input_shape = tuple(input_shape)
+    if len(input_shape) == 1:
+        input_shape = (1, *input_shape)
+    if len(input_shape) != 2 or not all(isinstance(n, int) and n > 0 for n in input_shape):
+        raise ValueError(f"input_shape must be (batch, pos) positive ints, got {input_shape!r}")
+    batch, pos = input_shape
+    if dtype is None:
+        dtype = next(model.parameters()).dtype
+    item = torch.empty((), dtype=dtype).element_size()
+    sizes = {"batch": batch, "pos": pos, "query_pos": pos, "key_pos": pos, "head": model.cfg.n_heads}
+    total = 0
+    for name in resolve_names(model, names_filter):
+        try:
+            shape = hook_shape(name)
+        except KeyError:
+            raise KeyError(f"hook {name!r} has no entry in HOOK_SHAPES, so its size is unknown") from None
+        total += math.prod(_axis_size(axis, sizes, model.cfg, name) for axis in shape.split())
+    return total * item * (2 if incl_bwd else 1)
+
+
+def _axis_size(axis: str, sizes: dict, cfg, name: str) -> int:
+    if axis.isdigit():
+        return int(axis)
+    if axis in sizes:
+        return sizes[axis]
+    value = getattr(cfg, axis, None)
+    if not isinstance(value, int):
+        raise ValueError(f"axis {axis!r} of hook {name!r} has no size in the config")
+    return value
+
+
+def run_with_cache(model, input, names_filter: NamesFilter = None, device=None,
+                   dtype: Optional[torch.dtype] = None, remove_batch_dim: bool = False, incl_bwd: bool = False,
+                   stop_at_layer: Optional[int] = None, return_type: Optional[str] = "logits",
+                   attention_mask: Optional[Tensor] = None, prepend_bos: Optional[bool] = None,
+                   padding_side: str = "right", **forward_kwargs) -> tuple:
+    """Run the model and cache activations: returns (output, ActivationCache).
+
+    Args:
+        input: token ids [batch pos], a string or a list of strings (padded, with a mask).
+        names_filter: which hooks to cache (see module docstring).
+        device, dtype: where and how each activation is stored, applied as it is cached.
+        remove_batch_dim: drop the batch axis (batch size must be 1).
+        incl_bwd: also cache gradients of the loss as ``<name>_grad``.
+        stop_at_layer, return_type, **forward_kwargs: as for the model's forward.
+    """
+    tokens, attention_mask = model.input_to_tokens(input, attention_mask, prepend_bos, padding_side)
+    names = resolve_names(model, names_filter)
+    if names_filter is None:
+        _check_budget(model, tokens, dtype, incl_bwd)
+    if stop_at_layer is not None and names_filter is not None and not callable(names_filter):
+        _check_reachable(names, stop_at_layer, model.cfg.n_layers)
+    if remove_batch_dim and tokens.shape[0] != 1:
+        raise ValueError(f"remove_batch_dim needs a batch of 1, got {tokens.shape[0]} sequences")
+    if incl_bwd and (stop_at_layer is not None):
+        raise ValueError("incl_bwd needs the loss, so it cannot be combined with stop_at_layer")
+
+    store: dict = {}
+    pending = set(names)
+    # With stop_at_layer the output is the residual stream there, so the forward must reach it.
+    stop_early = return_type is None and stop_at_layer is None and not incl_bwd
+
+    def save(store_name: str):
+        def hook(act: Tensor, hook) -> None:
+            value = act.detach().to(device=device, dtype=dtype if act.is_floating_point() else None, copy=True)
+            store[store_name] = value[0] if remove_batch_dim else value
+            pending.discard(store_name)
+            if stop_early and not pending:
+                raise _StopForward
+        return hook
+
+    fwd = [(name, save(name)) for name in names]
+    bwd = [(name, save(name + "_grad")) for name in names] if incl_bwd else []
+    kwargs = dict(attention_mask=attention_mask, stop_at_layer=stop_at_layer, **forward_kwargs)
+    with model.hooks(fwd, bwd):
+        if incl_bwd:
+            output = _forward_backward(model, tokens, return_type, kwargs)
+        else:
+            try:
+                output = model(tokens, return_type=return_type, **kwargs)
+            except _StopForward:
+                output = None
+    cache = ActivationCache(store, model, has_batch_dim=not remove_batch_dim, tokens=tokens,
+                            attention_mask=attention_mask)
+    return output, cache
+
+
+def _forward_backward(model, tokens: Tensor, return_type: Optional[str], kwargs: dict):
+    """Forward with the loss, then backward through it without touching any parameter's .grad."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("incl_bwd needs gradients, but no parameter of the model requires grad")
+    with torch.enable_grad():
+        logits, loss = model(tokens, return_type="both", **kwargs)
+        # autograd.grad fires the hook points' gradient hooks and leaves parameter .grad untouched.
+        torch.autograd.grad(loss, params, allow_unused=True)
+    logits, loss = logits.detach(), loss.detach()
+    return {"logits": logits, "loss": loss, "both": (logits, loss), None: None}[return_type]
+
+
+def _check_budget(model, tokens: Tensor, dtype, incl_bwd: bool) -> None:
+    size = cache_size(model, tokens.shape, None, dtype, incl_bwd)
+    if size > CACHE_BUDGET_BYTES:
+        warnings.warn(
+            f"caching every activation for input of shape {tuple(tokens.shape)} takes {size / 2**30:.2f} GiB, "
+            f"over the budget of {CACHE_BUDGET_BYTES / 2**30:.2f} GiB "
+            "(glassbox.interp.cache.CACHE_BUDGET_BYTES). Cache less with names_filter, e.g. "
+            "names_filter=lambda name: name.endswith('hook_resid_post'), or pass dtype=torch.float16; "
+            "model.cache_size(shape, names_filter) predicts the bytes before running.",
+            CacheSizeWarning, stacklevel=3)
+
+
+def _check_reachable(names: list, stop_at_layer: int, n_layers: int) -> None:
+    end = stop_at_layer if stop_at_layer >= 0 else n_layers + stop_at_layer
+    for name in names:
+        parts = name.split(".")
+        beyond = name.startswith("ln_final") or (parts[0] == "blocks" and int(parts[1]) >= end)
+        if beyond:
+            raise ValueError(f"{name!r} is not computed with stop_at_layer={stop_at_layer}: the forward runs "
+                             f"only blocks 0..{end - 1}")
