@@ -1,5 +1,7 @@
-"""The pre-LN transformer block: resid_mid = resid_pre + attn(ln1(resid_pre)),
-resid_post = resid_mid + mlp(ln2(resid_mid))."""
+"""The pre-norm transformer block: resid_mid = resid_pre + attn(ln1(resid_pre)),
+resid_post = resid_mid + mlp(ln2(resid_mid)). The norm, attention and MLP classes come from
+``components.py`` (LayerNorm or RMSNorm, rotary or not, gated or not); post-norm and parallel
+blocks are in ``block_variants.py``."""
 
 from typing import Optional
 
@@ -7,21 +9,19 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from ..hooks import HookPoint
-from .attention import Attention
+from . import components
 from .config import Config
 from .kv_cache import LayerKV
-from .layer_norm import LayerNorm
-from .mlp import MLP
 
 
 class TransformerBlock(nn.Module):
     def __init__(self, cfg: Config, layer: int):
         super().__init__()
         self.layer = layer
-        self.ln1 = LayerNorm(cfg)
-        self.attn = Attention(cfg)
-        self.ln2 = LayerNorm(cfg)
-        self.mlp = MLP(cfg)
+        self.ln1 = components.norm(cfg)
+        self.attn = components.attention(cfg)
+        self.ln2 = components.norm(cfg)
+        self.mlp = components.mlp(cfg)
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
         self.hook_resid_mid = HookPoint()

@@ -3,6 +3,13 @@
 Every architectural choice is a field here and selects a component at construction; nothing in a
 forward pass branches on these fields. ``d_head`` defaults to ``d_model // n_heads`` and ``d_mlp``
 to ``4 * d_model``; errors name the field that is wrong and why.
+
+The options: normalization "LN" | "RMS"; norm_placement "pre" (GPT-2) | "post" (x = norm(x + f(x)),
+no final norm); parallel_attn_mlp (GPT-J: attention and MLP both read ln1 of the same residual);
+positional "learned" | "sinusoidal" | "rotary" (rotary_dim leading dims of each head rotated, pairs
+(2i, 2i+1) with rotary_style "interleaved", (i, i + rotary_dim/2) with "half"); gated_mlp (SwiGLU
+with act_fn "silu"); use_bias for every linear map and norm; tied_unembed; init_scheme "gpt2" |
+"truncated_normal". Named combinations live in ``presets.py``.
 """
 
 import dataclasses
@@ -14,6 +21,7 @@ NORMALIZATIONS = ("LN", "RMS")
 NORM_PLACEMENTS = ("pre", "post")
 POSITIONALS = ("learned", "sinusoidal", "rotary")
 ROTARY_STYLES = ("interleaved", "half")
+INIT_SCHEMES = ("gpt2", "truncated_normal")
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,7 @@ class Config:
     init_range: float = 0.02
     normalization: str = "LN"
     norm_placement: str = "pre"
+    parallel_attn_mlp: bool = False
     positional: str = "learned"
     rotary_dim: Optional[int] = None
     rotary_base: float = 10000.0
@@ -38,6 +47,7 @@ class Config:
     use_bias: bool = True
     tied_unembed: bool = True
     unembed_bias: bool = False
+    init_scheme: str = "gpt2"
     default_prepend_bos: bool = True
     model_name: str = "custom"
 
@@ -60,6 +70,12 @@ class Config:
         _one_of(self, "norm_placement", NORM_PLACEMENTS)
         _one_of(self, "positional", POSITIONALS)
         _one_of(self, "rotary_style", ROTARY_STYLES)
+        _one_of(self, "init_scheme", INIT_SCHEMES)
+        if self.parallel_attn_mlp and self.norm_placement != "pre":
+            raise ValueError("Config.parallel_attn_mlp=True needs norm_placement='pre', got "
+                             f"{self.norm_placement!r}")
+        if not self.rotary_base > 0:
+            raise ValueError(f"Config.rotary_base must be > 0, got {self.rotary_base}")
         if not self.layer_norm_eps > 0:
             raise ValueError(f"Config.layer_norm_eps must be > 0, got {self.layer_norm_eps}")
         if not self.init_range > 0:

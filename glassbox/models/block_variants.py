@@ -1,0 +1,71 @@
+"""Blocks other than the pre-norm one, and the choice between them.
+
+Post-norm (the original Transformer's): resid_mid = ln1(resid_pre + attn_out),
+resid_post = ln2(resid_mid + mlp_out); there is no final norm before the unembedding. Here
+``hook_resid_mid`` and ``hook_resid_post`` are norm outputs, so resid_mid != resid_pre + attn_out:
+decompositions of the residual stream into component outputs do not hold for post-norm models.
+
+Parallel (GPT-J's): attention and MLP both read ln1(resid_pre) and
+resid_post = resid_pre + attn_out + mlp_out; there is no ln2 and no ``hook_resid_mid``.
+"""
+
+from typing import Optional
+
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from ..hooks import HookPoint
+from . import components
+from .block import TransformerBlock
+from .config import Config
+from .kv_cache import LayerKV
+
+
+class PostNormBlock(TransformerBlock):
+    """Same submodules and hook points as the pre-norm block; only the order differs."""
+
+    def forward(
+        self,
+        resid: Float[Tensor, "batch pos d_model"],
+        positions: Optional[Tensor] = None,
+        attn_mask: Optional[Tensor] = None,
+        kv: Optional[LayerKV] = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        resid = self.hook_resid_pre(resid)
+        attn_out = self.hook_attn_out(self.attn(resid, positions, attn_mask, kv))
+        resid = self.hook_resid_mid(self.ln1(resid + attn_out))
+        mlp_out = self.hook_mlp_out(self.mlp(resid))
+        return self.hook_resid_post(self.ln2(resid + mlp_out))
+
+
+class ParallelBlock(nn.Module):
+    def __init__(self, cfg: Config, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.ln1 = components.norm(cfg)
+        self.attn = components.attention(cfg)
+        self.mlp = components.mlp(cfg)
+        self.hook_resid_pre = HookPoint()
+        self.hook_attn_out = HookPoint()
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(
+        self,
+        resid: Float[Tensor, "batch pos d_model"],
+        positions: Optional[Tensor] = None,
+        attn_mask: Optional[Tensor] = None,
+        kv: Optional[LayerKV] = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        resid = self.hook_resid_pre(resid)
+        normed = self.ln1(resid)
+        attn_out = self.hook_attn_out(self.attn(normed, positions, attn_mask, kv))
+        mlp_out = self.hook_mlp_out(self.mlp(normed))
+        return self.hook_resid_post(resid + attn_out + mlp_out)
+
+
+def block(cfg: Config, layer: int) -> nn.Module:
+    """The block class the config asks for, built for ``layer``."""
+    if cfg.parallel_attn_mlp:
+        return ParallelBlock(cfg, layer)
+    return PostNormBlock(cfg, layer) if cfg.norm_placement == "post" else TransformerBlock(cfg, layer)

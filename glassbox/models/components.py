@@ -1,0 +1,45 @@
+"""Which component class computes each part of a model, chosen once from the Config.
+
+This is the only place that reads the architectural options; the components themselves never
+branch on them in forward. ``positional_embedding`` returns None for rotary models, whose
+positions enter through the attention instead of the residual stream.
+"""
+
+from typing import Optional
+
+from torch import nn
+
+from .attention import Attention
+from .config import Config
+from .embed import PosEmbed
+from .gated_mlp import GatedMLP
+from .layer_norm import LayerNorm
+from .mlp import MLP
+from .positional import SinusoidalPosEmbed
+from .rms_norm import RMSNorm
+from .rotary_attention import RotaryAttention
+
+NORMS = {"LN": LayerNorm, "RMS": RMSNorm}
+POS_EMBEDS = {"learned": PosEmbed, "sinusoidal": SinusoidalPosEmbed, "rotary": None}
+
+
+def norm(cfg: Config) -> nn.Module:
+    return NORMS[cfg.normalization](cfg)
+
+
+def attention(cfg: Config) -> Attention:
+    return RotaryAttention(cfg) if cfg.positional == "rotary" else Attention(cfg)
+
+
+def mlp(cfg: Config) -> nn.Module:
+    return GatedMLP(cfg) if cfg.gated_mlp else MLP(cfg)
+
+
+def positional_embedding(cfg: Config) -> Optional[nn.Module]:
+    cls = POS_EMBEDS[cfg.positional]
+    return cls(cfg) if cls is not None else None
+
+
+def final_norm(cfg: Config) -> nn.Module:
+    """Pre-norm models normalise before the unembedding; post-norm blocks already end in a norm."""
+    return norm(cfg) if cfg.norm_placement == "pre" else nn.Identity()

@@ -1,0 +1,36 @@
+"""The gated feed-forward layer (SwiGLU with act_fn "silu"): W_out applied to act(x @ W_gate) * (x @ W_in).
+
+W_gate and W_in [d_model d_mlp], W_out [d_mlp d_model], as in TransformerLens. ``hook_pre`` is the
+gate's pre-activation x @ W_gate (+ b_gate), ``hook_pre_linear`` the ungated branch x @ W_in (+ b_in),
+``hook_post`` their product act(pre) * pre_linear, all [batch pos d_mlp].
+"""
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from ..hooks import HookPoint
+from .config import Config
+from .mlp import ACTIVATIONS
+from .ops import linear
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.W_gate = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+        self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+        self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
+        self.b_gate = nn.Parameter(torch.zeros(cfg.d_mlp)) if cfg.use_bias else None
+        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp)) if cfg.use_bias else None
+        self.b_out = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.use_bias else None
+        self.act = ACTIVATIONS[cfg.act_fn]
+        self.hook_pre = HookPoint()
+        self.hook_pre_linear = HookPoint()
+        self.hook_post = HookPoint()
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        pre = self.hook_pre(linear(x, self.W_gate, self.b_gate))
+        pre_linear = self.hook_pre_linear(linear(x, self.W_in, self.b_in))
+        post = self.hook_post(self.act(pre) * pre_linear)
+        return linear(post, self.W_out, self.b_out)
