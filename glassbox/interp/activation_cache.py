@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ..hooks import unknown_name_message
+from . import resid
 from .act_names import act_name
 
 Key = Union[str, tuple]
@@ -92,6 +93,33 @@ class ActivationCache(Mapping):
             if t.shape[0] != 1:
                 raise ValueError(f"remove_batch_dim needs batch size 1, {name} has shape {tuple(t.shape)}")
         return self._like({n: t[0] for n, t in self._data.items()}, False, self.tokens, self.attention_mask)
+
+    # -- analysis (see glassbox.interp.resid for the maths and the exact-LayerNorm contract) -----
+    def accumulated_resid(self, layer: Optional[int] = None, incl_mid: bool = False, apply_ln: bool = False,
+                          pos_slice=None, mlp_input: bool = False, return_labels: bool = False):
+        """The residual stream at each layer (logit lens with ``apply_ln``); see ``resid.accumulated_resid``."""
+        return resid.accumulated_resid(self, layer, incl_mid, apply_ln, pos_slice, mlp_input, return_labels)
+
+    def decompose_resid(self, layer: Optional[int] = None, mlp_input: bool = False, mode: str = "all",
+                        apply_ln: bool = False, pos_slice=None, incl_embeds: bool = True,
+                        return_labels: bool = False):
+        """The residual stream as the outputs that wrote it; see ``resid.decompose_resid``."""
+        return resid.decompose_resid(self, layer, mlp_input, mode, apply_ln, pos_slice, incl_embeds, return_labels)
+
+    def stack_head_results(self, layer: Optional[int] = None, return_labels: bool = False,
+                           incl_b_O: bool = False, pos_slice=None, apply_ln: bool = False):
+        """Each head's z @ W_O (b_O as its own rows with ``incl_b_O``); see ``resid.stack_head_results``."""
+        return resid.stack_head_results(self, layer, return_labels, incl_b_O, pos_slice, apply_ln)
+
+    def apply_ln_to_stack(self, stack: Tensor, layer: Optional[int] = None, mlp_input: bool = False,
+                          pos_slice=None, recompute_ln: bool = False, incl_bias: bool = False) -> Tensor:
+        """Apply a norm exactly to a stack of components; see ``resid.apply_ln_to_stack``."""
+        return resid.apply_ln_to_stack(self, stack, layer, mlp_input, pos_slice, recompute_ln, incl_bias)
+
+    def logit_attrs(self, stack: Tensor, tokens, incorrect_tokens=None, pos_slice=None,
+                    incl_bias: bool = True) -> Tensor:
+        """Direct logit attribution, the final norm's bias as the last row; see ``resid.logit_attrs``."""
+        return resid.logit_attrs(self, stack, tokens, incorrect_tokens, pos_slice, incl_bias)
 
     def _like(self, data: dict, has_batch_dim: bool, tokens, mask, device=None) -> "ActivationCache":
         if device is not None:
