@@ -240,3 +240,15 @@ def test_text_input_keeps_tokens_and_mask():
     tokens, mask = small.tokenize(["a b c", "a"])
     assert torch.equal(cache_.tokens, tokens) and torch.equal(cache_.attention_mask, mask)
     torch.testing.assert_close(logits, small(tokens, attention_mask=mask), atol=1e-6, rtol=0)
+
+
+def test_a_raising_hook_leaves_no_cache_hooks_behind(model, tokens):
+    def boom(act, hook):
+        raise RuntimeError("user hook failed")
+
+    with model.hooks([("blocks.1.hook_resid_mid", boom)]):
+        with pytest.raises(RuntimeError, match="user hook failed"):
+            model.run_with_cache(tokens, incl_bwd=True)
+        attached = {n: (len(p.fwd_hooks), len(p.bwd_hooks)) for n, p in model.hook_dict.items() if p.has_hooks}
+        assert attached == {"blocks.1.hook_resid_mid": (1, 0)}
+    assert not model.has_hooks and all(p.grad is None for p in model.parameters())

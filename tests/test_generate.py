@@ -105,6 +105,17 @@ def test_hooks_fire_every_step_and_know_it(model, prompts):
     assert not torch.equal(steered[:, WIDTH + 2], plain[:, WIDTH + 2])
 
 
+def test_a_raising_hook_leaves_no_step_behind(model, prompts):
+    def boom(act, hook):
+        if hook.ctx["step"] == 1:
+            raise RuntimeError("stop at step 1")
+
+    with model.hooks([("blocks.0.hook_resid_post", boom)]):
+        with pytest.raises(RuntimeError, match="step 1"):
+            model.generate(prompts[0][None], 3)
+    assert all("step" not in point.ctx for point in model.hook_dict.values()) and not model.has_hooks
+
+
 def test_eos_finishes_a_row_and_stops_when_all_are_done(model, prompts):
     tokens, mask = padded(prompts, "left")
     free = model.generate(tokens, NEW, attention_mask=mask, eos_token_id=None)

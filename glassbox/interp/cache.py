@@ -25,6 +25,7 @@ import warnings
 from typing import Callable, Optional, Sequence, Union
 
 import torch
+from jaxtyping import Int
 from torch import Tensor
 
 from ..models.hook_shapes import hook_shape
@@ -102,7 +103,7 @@ def _axis_size(axis: str, sizes: dict, cfg, name: str) -> int:
     return value
 
 
-def run_with_cache(model, input, names_filter: NamesFilter = None, device=None,
+def run_with_cache(model, input: Union[str, list, Int[Tensor, "batch pos"]], names_filter: NamesFilter = None, device=None,
                    dtype: Optional[torch.dtype] = None, remove_batch_dim: bool = False, incl_bwd: bool = False,
                    stop_at_layer: Optional[int] = None, return_type: Optional[str] = "logits",
                    attention_mask: Optional[Tensor] = None, prepend_bos: Optional[bool] = None,
