@@ -194,3 +194,21 @@ def test_errors_name_the_problem(model, run):
     _, post_cache = post.run_with_cache(tokens)
     with pytest.raises(ValueError, match="post-norm"):
         post_cache.decompose_resid()
+
+
+def test_an_unembedding_bias_joins_the_bias_row():
+    torch.manual_seed(11)
+    untied = HookedTransformer(CFG.replace(n_layers=1, tied_unembed=False, unembed_bias=True)).eval()
+    randomise_vectors(untied, 12)
+    tokens = torch.randint(0, CFG.d_vocab, (2, 6), generator=torch.Generator().manual_seed(13))
+    with torch.no_grad():
+        logits, cache = untied.run_with_cache(tokens)
+    wrong = (tokens + 1) % CFG.d_vocab
+    attrs = cache.logit_attrs(cache.decompose_resid(), tokens, wrong)
+    expected = logits.gather(-1, tokens[..., None])[..., 0] - logits.gather(-1, wrong[..., None])[..., 0]
+    torch.testing.assert_close(attrs.sum(0), expected, atol=1e-5, rtol=0)
+    b_U = untied.unembed.b_U.detach()
+    without_b_U = cache.logit_attrs(cache.decompose_resid(), tokens, wrong)[-1] - (b_U[tokens] - b_U[wrong])
+    W_U = untied.W_U.detach()
+    ln_b = torch.einsum("d,dbp->bp", untied.ln_final.b.detach(), W_U[:, tokens] - W_U[:, wrong])
+    torch.testing.assert_close(without_b_U, ln_b, atol=1e-5, rtol=0)
