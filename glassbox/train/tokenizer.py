@@ -1,0 +1,78 @@
+"""Training a byte-level BPE tokenizer (GPT-2's scheme) on a text file.
+
+The result is written as GPT-2's two files, ``vocab.json`` and ``merges.txt`` (plus a small
+``tokenizer_config.json``), and read back with ``transformers.GPT2TokenizerFast.from_pretrained``.
+
+Footguns:
+- ``<|endoftext|>`` is the only special token and takes the LAST id (``vocab_size - 1``), as in
+  GPT-2; the exported HF config uses ``d_vocab - 1`` as BOS/EOS, so the two agree.
+- Load the folder with ``GPT2TokenizerFast.from_pretrained(folder)``. In transformers 5.x,
+  ``GPT2TokenizerFast(vocab_file=..., merges_file=...)`` builds a tokenizer that returns no tokens
+  at all, without an error.
+"""
+
+import json
+from pathlib import Path
+from typing import Union
+
+EOT = "<|endoftext|>"
+VOCAB_FILE, MERGES_FILE, CONFIG_FILE = "vocab.json", "merges.txt", "tokenizer_config.json"
+
+
+def train_bpe_tokenizer(text: str, vocab_size: int, folder: Union[str, Path], min_frequency: int = 2):
+    """Train on ``text``, write ``folder``/vocab.json + merges.txt, and return the loaded tokenizer."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 257 + 1:
+        raise ValueError(f"vocab_size must be an int >= 258 (256 bytes + {EOT} + merges), got {vocab_size!r}")
+    if not text:
+        raise ValueError("cannot train a tokenizer on empty text")
+    bpe = ByteLevelBPETokenizer(add_prefix_space=False)
+    bpe.train_from_iterator(text_chunks(text), vocab_size=vocab_size, min_frequency=min_frequency,
+                            special_tokens=[EOT], show_progress=False)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    bpe.save_model(str(folder))
+    _move_eot_last(folder / VOCAB_FILE)
+    config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": 1024, "add_prefix_space": False,
+              "bos_token": EOT, "eos_token": EOT, "unk_token": EOT}
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    return load_tokenizer(folder)
+
+
+def load_tokenizer(folder: Union[str, Path]):
+    from transformers import GPT2TokenizerFast
+
+    folder = Path(folder)
+    for name in (VOCAB_FILE, MERGES_FILE):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"no {name} in {folder}")
+    return GPT2TokenizerFast.from_pretrained(str(folder))
+
+
+def text_chunks(text: str, size: int = 1 << 16):
+    """Pieces of about ``size`` characters, cut only after a line break followed by a non-space.
+
+    GPT-2's pre-tokenizer always splits there, so encoding the pieces one by one gives exactly the
+    tokens of the whole text (and the BPE trainer never sees a word cut in two).
+    """
+    start = 0
+    while start < len(text):
+        end = len(text)
+        if start + size < len(text):
+            cut = text.rfind("\n", start, start + size)
+            while cut > start and text[cut + 1].isspace():
+                cut = text.rfind("\n", start, cut)
+            end = cut + 1 if cut > start else start + size
+        yield text[start:end]
+        start = end
+
+
+def _move_eot_last(path: Path) -> None:
+    vocab = json.loads(path.read_text(encoding="utf-8"))
+    # The trainer gives special tokens the first ids; shift every other token down by one.
+    if vocab.pop(EOT, None) != 0:
+        raise ValueError(f"expected {EOT} at id 0 in {path} as the tokenizers trainer writes it")
+    fixed = {token: i for i, (token, _) in enumerate(sorted(vocab.items(), key=lambda item: item[1]))}
+    fixed[EOT] = len(fixed)
+    path.write_text(json.dumps(fixed, ensure_ascii=False), encoding="utf-8")
