@@ -4,7 +4,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("parity",)
+COMMANDS = ("parity", "train")
 
 
 def build_parser() -> argparse.ArgumentParser:
