@@ -7,7 +7,6 @@ import torch
 
 from glassbox import Config, HookedTransformer
 from glassbox.interp import get_last_token_logits
-from glassbox.weights import hub_config
 
 CFG = Config(d_model=15, n_layers=3, n_heads=3, d_head=7, d_mlp=23, d_vocab=29, n_ctx=17)
 
@@ -142,12 +141,12 @@ def test_logit_difference_at_the_last_real_token_of_a_padded_batch(model):
         cache.logit_attrs(stack, right)  # stack cut at one position, scale not
 
 
-def test_gpt2_small_shape_attribution_is_exact():
-    """The issue's proof at GPT-2-small size: heads, b_O, MLPs, embeddings and the final norm's bias
-    attribute the logit difference at the last token to within 1e-4."""
-    torch.manual_seed(5)
-    model = HookedTransformer(hub_config("gpt2")).eval()
-    randomise_vectors(model, 6)
+def test_gpt2_small_shape_attribution_is_exact(small_model):
+    """The proof at GPT-2-small size (the suite's shared random model, norms and biases perturbed):
+    heads, b_O, MLPs, embeddings and the final norm's bias attribute the logit difference at the last
+    token to within 1e-4."""
+    model = small_model
+    assert model.cfg.d_model == 768 and model.cfg.n_layers == 12 and model.cfg.d_vocab == 50257
     tokens = torch.randint(0, 50257, (2, 12), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens)

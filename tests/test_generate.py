@@ -132,12 +132,12 @@ def test_eos_finishes_a_row_and_stops_when_all_are_done(model, prompts):
 
 def test_sampling_is_seeded_and_filtered(model, prompts):
     p = prompts[0][None]
-    a = model.generate(p, NEW, do_sample=True, seed=3, eos_token_id=None)
-    assert torch.equal(a, model.generate(p, NEW, do_sample=True, seed=3, eos_token_id=None))
-    assert not torch.equal(a, model.generate(p, NEW, do_sample=True, seed=4, eos_token_id=None))
-    greedy = model.generate(p, NEW, eos_token_id=None)
-    assert torch.equal(model.generate(p, NEW, do_sample=True, top_k=1, seed=5, eos_token_id=None), greedy)
-    assert torch.equal(model.generate(p, NEW, do_sample=True, top_p=1e-6, seed=5, eos_token_id=None), greedy)
+    a = model.generate(p, 8, do_sample=True, seed=3, eos_token_id=None)
+    assert torch.equal(a, model.generate(p, 8, do_sample=True, seed=3, eos_token_id=None))
+    assert not torch.equal(a, model.generate(p, 8, do_sample=True, seed=4, eos_token_id=None))
+    greedy = model.generate(p, 8, eos_token_id=None)
+    assert torch.equal(model.generate(p, 8, do_sample=True, top_k=1, seed=5, eos_token_id=None), greedy)
+    assert torch.equal(model.generate(p, 8, do_sample=True, top_p=1e-6, seed=5, eos_token_id=None), greedy)
 
 
 def test_sample_next_draws_from_the_filtered_softmax():
