@@ -15,7 +15,9 @@ Contract:
 - With no filter, an input whose full cache would exceed ``CACHE_BUDGET_BYTES`` (set it to change the
   budget) warns with the predicted size and how to filter.
 
-Footgun: caching ``hook_attn_scores`` or ``hook_pattern`` makes attention materialise the
+Footgun: the forward runs in the caller's grad mode, so the returned output keeps its autograd graph
+(and the activations it holds) unless the call is wrapped in ``torch.no_grad()``; the cached copies
+never do. Caching ``hook_attn_scores`` or ``hook_pattern`` makes attention materialise the
 [batch head query_pos key_pos] pattern instead of running the fused kernel: that is the memory the
 size estimate reports.
 """
