@@ -104,3 +104,11 @@ def test_meta_device_and_dtype():
     cfg = Config(d_model=12, n_layers=2, n_heads=3, d_vocab=7, n_ctx=5)
     model = HookedTransformer(cfg, device="meta", dtype=torch.float16)
     assert all(p.device.type == "meta" and p.dtype == torch.float16 for p in model.parameters())
+
+
+def test_replace_derives_sizes_again():
+    cfg = Config(d_model=12, n_layers=2, n_heads=3, d_vocab=7, n_ctx=5)
+    smaller = cfg.replace(d_model=8, n_heads=2)
+    assert (smaller.d_head, smaller.d_mlp) == (4, 32)
+    explicit = Config(d_model=12, n_layers=2, n_heads=3, d_vocab=7, n_ctx=5, d_head=5, d_mlp=7)
+    assert (explicit.replace(d_model=20).d_head, explicit.replace(d_model=20).d_mlp) == (5, 7)

@@ -93,7 +93,19 @@ class Config:
             raise ValueError("Config.unembed_bias needs an unembedding")
 
     def replace(self, **changes) -> "Config":
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again).
+
+        Sizes that were derived (d_head = d_model // n_heads, d_mlp = 4 d_model, rotary_dim = d_head)
+        are derived again from the new sizes unless given.
+        """
+        derived = {
+            "d_head": ("d_model", "n_heads"), "d_mlp": ("d_model",), "rotary_dim": ("d_model", "n_heads", "d_head"),
+        }
+        defaults = {"d_head": self.d_model // self.n_heads, "d_mlp": 4 * self.d_model,
+                    "rotary_dim": self.d_head if self.positional == "rotary" else None}
+        for field, sources in derived.items():
+            if field not in changes and any(s in changes for s in sources) and getattr(self, field) == defaults[field]:
+                changes[field] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
