@@ -127,3 +127,37 @@ def test_unigram_loss_by_hand():
     expected = -(math.log(3 / 6) + math.log(1 / 6)) / 2
     got = unigram_loss(torch.tensor([0, 0, 1]), torch.tensor([0, 2]), 3)
     assert got == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+def test_many_copies_repeat_one_span_at_a_constant_period():
+    windows = sample_windows(STREAM, 300, N_CTX, BOS, gen(1))
+    spec = RepeatSpec(1.0, random_repeat_frac=0.0, min_repeat=2, max_copies=5)
+    out = add_repeats(windows, spec, VOCAB, BOS, gen(2))
+    counts = set()
+    for row in out.tolist():
+        # each value of the copied span occurs `copies` times, always `period` apart
+        positions = {}
+        for pos, v in enumerate(row):
+            positions.setdefault(v, []).append(pos)
+        repeated = [p for p in positions.values() if len(p) > 1]
+        assert repeated, row
+        copies = {len(p) for p in repeated}
+        periods = {b - a for p in repeated for a, b in zip(p, p[1:])}
+        assert len(copies) == 1 and len(periods) == 1, row
+        span, period = len(repeated), periods.pop()
+        assert 2 <= span <= period and copies.pop() * span <= N_CTX
+        counts.add(len(repeated[0]))
+    assert counts == {2, 3, 4, 5}
+
+
+def test_two_copy_recipes_take_no_extra_random_numbers():
+    # With max_copies=2 a batch takes exactly: the window starts, 5 uniforms per row, the noise.
+    g = gen(3)
+    training_batch(STREAM, 9, N_CTX, BOS, VOCAB, RepeatSpec(0.5, 0.5, max_copies=2), g)
+    by_hand = gen(3)
+    torch.randint(0, 10, (9,), generator=by_hand)
+    torch.rand(9, 5, generator=by_hand)
+    torch.randint(0, 10, (9, N_CTX + 1), generator=by_hand)
+    assert torch.equal(g.get_state(), by_hand.get_state())
+    with pytest.raises(ValueError, match="max_copies"):
+        RepeatSpec(max_copies=1)

@@ -39,6 +39,7 @@ def add_parser(sub) -> None:
     p.add_argument("--random-repeat-frac", type=float, default=0.5,
                    help="share of repeated spans made of uniformly random tokens")
     p.add_argument("--min-repeat", type=int, default=4, help="shortest repeated span, in tokens")
+    p.add_argument("--max-copies", type=int, default=2, help="most copies of a repeated span in one window")
     p.add_argument("--heldout-frac", type=float, default=0.05)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--checkpoint-every", type=int, default=500)
@@ -89,7 +90,8 @@ def run(args) -> int:
             steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=warmup,
             weight_decay=args.weight_decay, grad_clip=args.grad_clip, eval_every=args.eval_every,
             checkpoint_every=args.checkpoint_every, seed=args.seed, repeat_frac=args.repeat_frac,
-            random_repeat_frac=args.random_repeat_frac, min_repeat=args.min_repeat)
+            random_repeat_frac=args.random_repeat_frac, min_repeat=args.min_repeat,
+            max_copies=args.max_copies)
         model = init_model(cfg, args.seed, tokenizer=tokenizer, device=args.device)
         trainer = Trainer(model, train_stream, heldout_stream, bos_id, config, **common)
     trainer.run()

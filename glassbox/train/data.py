@@ -9,8 +9,8 @@ The held-out split is the LAST ``heldout_frac`` of the text, cut in one piece at
 training part has never seen the held-out text.
 
 Repeated spans (``repeat_frac``): in that fraction of training windows, a span of ``L`` tokens
-(``L`` uniform in [min_repeat, n_ctx // 2]) is written a second time ``L + gap`` tokens later, at a
-random offset and gap, so the model can only predict the copy by looking back at what followed the
+is written again every ``L + gap`` tokens (``copies`` times in all, uniform in [2, max_copies]; ``L``
+uniform in [min_repeat, n_ctx // copies]), at a random offset and gap, so the model can only predict the copy by looking back at what followed the
 same token earlier (an induction head), not from a fixed distance. With probability
 ``random_repeat_frac`` the span is replaced by uniformly random tokens (no EOT) first, so the copy
 cannot be guessed from the language alone. Everything is drawn from the given ``torch.Generator``:
@@ -34,6 +34,7 @@ class RepeatSpec:
     repeat_frac: float = 0.0
     random_repeat_frac: float = 0.5
     min_repeat: int = 4
+    max_copies: int = 2
 
     def __post_init__(self):
         for name in ("repeat_frac", "random_repeat_frac"):
@@ -42,6 +43,8 @@ class RepeatSpec:
                 raise ValueError(f"RepeatSpec.{name} must be in [0, 1], got {value!r}")
         if self.min_repeat < 1:
             raise ValueError(f"RepeatSpec.min_repeat must be >= 1, got {self.min_repeat!r}")
+        if self.max_copies < 2:
+            raise ValueError(f"RepeatSpec.max_copies must be >= 2, got {self.max_copies!r}")
 
 
 def encode_text(text: str, tokenizer) -> Int[Tensor, "n"]:
@@ -92,25 +95,32 @@ def add_repeats(windows: Int[Tensor, "batch n_ctx_plus_1"], spec: RepeatSpec, d_
     """A copy of ``windows`` where a ``spec.repeat_frac`` share of rows repeat a span (see module doc)."""
     out = windows.clone()
     length = windows.shape[1] - 1  # positions 1..length hold text; position 0 keeps the BOS
-    max_repeat = length // 2
     if spec.repeat_frac == 0.0:
         return out
-    if spec.min_repeat > max_repeat:
+    if 2 * spec.min_repeat > length:
         raise ValueError(f"min_repeat={spec.min_repeat} does not fit twice in n_ctx={length}")
-    # One fixed set of draws per row (whether used or not), so the number of random numbers taken
-    # from the generator never depends on the data.
+    # A fixed number of draws per row (whether used or not), so the random numbers taken from the
+    # generator never depend on the data. The copy counts are drawn only when more than two copies
+    # are allowed, so two-copy recipes keep the data order they always had.
     draws = torch.rand(windows.shape[0], 5, generator=generator)
     noise = torch.randint(0, d_vocab - 1, windows.shape, generator=generator)
     noise = noise + (noise >= bos_id).long()  # never the BOS/EOT id
+    copy_draws = torch.rand(windows.shape[0], generator=generator).tolist() if spec.max_copies > 2 else \
+        [0.0] * windows.shape[0]
     for row, (use, use_random, u_len, u_gap, u_start) in enumerate(draws.tolist()):
         if use >= spec.repeat_frac:
             continue
-        span = spec.min_repeat + int(u_len * (max_repeat - spec.min_repeat + 1))
-        gap = int(u_gap * (length - 2 * span + 1))
-        start = 1 + int(u_start * (length - 2 * span - gap + 1))
+        copies = 2 + int(copy_draws[row] * (spec.max_copies - 1))
+        copies = min(copies, length // spec.min_repeat)
+        max_span = length // copies
+        span = spec.min_repeat + int(u_len * (max_span - spec.min_repeat + 1))
+        gap = int(u_gap * ((length - copies * span) // (copies - 1) + 1))
+        start = 1 + int(u_start * (length - copies * span - (copies - 1) * gap + 1))
         if use_random < spec.random_repeat_frac:
             out[row, start:start + span] = noise[row, :span]
-        out[row, start + span + gap:start + 2 * span + gap] = out[row, start:start + span]
+        for copy in range(1, copies):
+            at = start + copy * (span + gap)
+            out[row, at:at + span] = out[row, start:start + span]
     return out
 
 

@@ -43,6 +43,7 @@ class TrainConfig:
     repeat_frac: float = 0.0
     random_repeat_frac: float = 0.5
     min_repeat: int = 4
+    max_copies: int = 2
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "eval_every", "eval_batches"):
@@ -59,7 +60,7 @@ class TrainConfig:
 
     @property
     def repeat_spec(self) -> RepeatSpec:
-        return RepeatSpec(self.repeat_frac, self.random_repeat_frac, self.min_repeat)
+        return RepeatSpec(self.repeat_frac, self.random_repeat_frac, self.min_repeat, self.max_copies)
 
 
 def init_model(cfg: Config, seed: int, tokenizer=None, device=None,
