@@ -3,7 +3,7 @@
 Names resolve in this order: a local folder; a model shipped inside the package; a hub name
 (gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2) fetched or found in the local Hugging Face
 cache by ``huggingface_hub`` (so ``HF_HUB_OFFLINE=1`` with a filled cache works). No weight
-processing happens on load: our logits equal the HF model's.
+processing happens on load unless asked for (see ``processing.py``): our logits equal the HF model's.
 """
 
 from pathlib import Path
@@ -14,6 +14,7 @@ import torch
 from ..models import Config, HookedTransformer
 from .files import read_config, read_state_dict
 from .gpt2 import config_from_hf, config_to_hf, glassbox_to_hf, hf_to_glassbox
+from .processing import STEPS, process
 
 # Hub names -> (n_layer, n_embd, n_head); vocabulary 50257 and context 1024 for all of them.
 HUB_MODELS = {
@@ -67,10 +68,15 @@ def resolve(name_or_path: Union[str, Path]) -> Path:
 
 def from_pretrained(name_or_path, device=None, dtype: torch.dtype = torch.float32, tokenizer=None,
                     **kwargs) -> HookedTransformer:
+    """Load a model; weight processing (``fold_ln``, ``center_writing_weights``, ``center_unembed``,
+    ``fold_value_biases``, all False by default) is opt-in and recorded on ``model.processing``."""
     folder = resolve(name_or_path)
+    steps = {step: bool(kwargs.pop(step)) for step in STEPS if step in kwargs}
     if kwargs:
-        raise TypeError(f"unexpected options for from_pretrained: {', '.join(kwargs)}")
-    return load_folder(folder, device=device, dtype=dtype, tokenizer=tokenizer)
+        raise TypeError(f"unexpected options for from_pretrained: {', '.join(kwargs)}; weight processing "
+                        f"options are {', '.join(STEPS)}")
+    model = load_folder(folder, device=device, dtype=dtype, tokenizer=tokenizer)
+    return process(model, **steps) if any(steps.values()) else model
 
 
 def load_folder(folder: Path, device=None, dtype: torch.dtype = torch.float32,

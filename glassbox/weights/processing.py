@@ -1,0 +1,165 @@
+"""Weight processing that leaves a model's predictions unchanged: pure state dict -> state dict.
+
+- ``fold_ln``: each pre-norm's weight w (and LayerNorm bias b) moves into the matrices that read
+  its output (W_Q/W_K/W_V, W_in/W_gate, W_U; b into their biases, ln_final's b into a new b_U), and
+  the norm is left with w = 1, b = 0. The norm still normalises (centering and dividing by the
+  scale), so the model computes the same function.
+- ``center_writing_weights``: every matrix writing to the residual stream (W_E, W_pos, W_O, b_O,
+  W_out, b_out) has its mean over d_model removed. Exact only because every reader is a LayerNorm,
+  which removes that mean anyway: refused for RMSNorm and post-norm models.
+- ``center_unembed``: W_U (and b_U) get their mean over the vocabulary removed; logits move by a
+  constant per position, so log-probs are unchanged, logits are not.
+- ``fold_value_biases``: b_V moves into b_O (b_O += sum_h b_V[h] @ W_O[h]), exact because each
+  attention pattern row sums to 1.
+
+Each function takes (state_dict, cfg) and returns a new dict (inputs untouched), computing in
+float64 and casting back. A tied unembedding is untied first (the result has ``unembed.W_U_T``):
+folding or centering must not change W_U through W_E. ``config_for`` gives the Config matching a
+processed state dict. Applying a function twice is idempotent (to rounding); ``process`` records
+the steps on ``model.processing`` and skips steps already recorded, so analysis code can tell, e.g.,
+that norm weights are 1 because they were folded.
+"""
+
+from typing import Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from ..models import Config, HookedTransformer
+
+STEPS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
+
+
+def _untied(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
+    sd = dict(state_dict)
+    if "unembed.W_U_T" not in sd:
+        sd["unembed.W_U_T"] = sd["embed.W_E"].clone()
+    return sd
+
+
+def _require_pre_norm(cfg: Config, step: str) -> None:
+    if cfg.norm_placement != "pre":
+        raise ValueError(f"{step} needs a pre-norm model; norm_placement={cfg.norm_placement!r} normalises "
+                         "after the residual add, so there is no norm in front of each reader to fold or rely on")
+
+
+def _apply(t: Tensor, fn: Callable, *others: Tensor) -> Tensor:
+    """fn on float64 copies of t and others, cast back to t's dtype."""
+    return fn(t.double(), *(o.double() for o in others)).to(t.dtype)
+
+
+def fold_ln(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
+    """Fold every norm's w (and b) into the weights that read it; norms left at w = 1, b = 0."""
+    _require_pre_norm(cfg, "fold_ln")
+    sd = _untied(state_dict, cfg)
+    for L in range(cfg.n_layers):
+        p = f"blocks.{L}."
+        attn = [p + "attn.W_Q", p + "attn.W_K", p + "attn.W_V"]
+        mlp = [p + "mlp.W_in"] + ([p + "mlp.W_gate"] if cfg.gated_mlp else [])
+        if cfg.parallel_attn_mlp:
+            _fold_norm(sd, p + "ln1", attn + mlp)
+        else:
+            _fold_norm(sd, p + "ln1", attn)
+            _fold_norm(sd, p + "ln2", mlp)
+    _fold_norm(sd, "ln_final", ["unembed.W_U_T"])
+    return sd
+
+
+def _bias_key(weight_key: str) -> str:
+    prefix, leaf = weight_key.rsplit(".", 1)
+    return "unembed.b_U" if leaf == "W_U_T" else f"{prefix}.b_{leaf[2:]}"
+
+
+def _fold_norm(sd: dict, norm: str, readers: list) -> None:
+    w, b = sd[norm + ".w"], sd.get(norm + ".b")
+    for key in readers:
+        W, bias_key = sd[key], _bias_key(key)
+        # The d_model axis of each reader: W_Q [head d_model d_head], W_in [d_model d_mlp], W_U_T [d_vocab d_model].
+        if key.endswith("W_U_T"):
+            sd[key] = _apply(W, lambda W, w: W * w, w)
+            shift = None if b is None else _apply(W, lambda W, b: W @ b, b)
+        elif W.ndim == 3:
+            sd[key] = _apply(W, lambda W, w: W * w[None, :, None], w)
+            shift = None if b is None else _apply(W, lambda W, b: torch.einsum("d,hde->he", b, W), b)
+        else:
+            sd[key] = _apply(W, lambda W, w: W * w[:, None], w)
+            shift = None if b is None else _apply(W, lambda W, b: b @ W, b)
+        if shift is None:
+            continue
+        if bias_key in sd:
+            sd[bias_key] = _apply(sd[bias_key], lambda old, s: old + s, shift)
+        elif bias_key == "unembed.b_U":
+            sd[bias_key] = shift
+        else:
+            raise ValueError(f"cannot fold {norm}.b into {key}: the model has no {bias_key}")
+    sd[norm + ".w"] = torch.ones_like(w)
+    if b is not None:
+        sd[norm + ".b"] = torch.zeros_like(b)
+
+
+def center_writing_weights(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
+    """Remove the d_model mean of everything written to the residual stream (LayerNorm models only)."""
+    _require_pre_norm(cfg, "center_writing_weights")
+    if cfg.normalization != "LN":
+        raise ValueError(f"center_writing_weights relies on LayerNorm removing the mean; "
+                         f"normalization={cfg.normalization!r} does not")
+    sd = _untied(state_dict, cfg)
+    writers = ["embed.W_E", "pos_embed.W_pos"]
+    for L in range(cfg.n_layers):
+        writers += [f"blocks.{L}.attn.W_O", f"blocks.{L}.attn.b_O", f"blocks.{L}.mlp.W_out", f"blocks.{L}.mlp.b_out"]
+    for key in writers:
+        if key in sd:  # absent: sinusoidal or rotary positions, or no biases
+            sd[key] = _apply(sd[key], lambda t: t - t.mean(-1, keepdim=True))
+    return sd
+
+
+def center_unembed(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
+    """Remove W_U's (and b_U's) mean over the vocabulary: logits shift by a constant per position."""
+    sd = _untied(state_dict, cfg)
+    sd["unembed.W_U_T"] = _apply(sd["unembed.W_U_T"], lambda t: t - t.mean(0, keepdim=True))
+    if "unembed.b_U" in sd:
+        sd["unembed.b_U"] = _apply(sd["unembed.b_U"], lambda t: t - t.mean())
+    return sd
+
+
+def fold_value_biases(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
+    """Move b_V into b_O; a model without biases is returned unchanged (there is nothing to fold)."""
+    sd = dict(state_dict)
+    for L in range(cfg.n_layers):
+        a = f"blocks.{L}.attn."
+        if a + "b_V" not in sd:
+            continue
+        b_V = sd[a + "b_V"]
+        sd[a + "b_O"] = _apply(sd[a + "b_O"], lambda b_O, b_V, W_O: b_O + torch.einsum("he,hed->d", b_V, W_O),
+                               b_V, sd[a + "W_O"])
+        sd[a + "b_V"] = torch.zeros_like(b_V)
+    return sd
+
+
+FUNCTIONS = {"fold_ln": fold_ln, "center_writing_weights": center_writing_weights,
+             "center_unembed": center_unembed, "fold_value_biases": fold_value_biases}
+
+
+def config_for(state_dict: Mapping[str, Tensor], cfg: Config) -> Config:
+    """The Config of a processed state dict: untied when it has W_U_T, with b_U when it has one."""
+    return cfg.replace(tied_unembed="unembed.W_U_T" not in state_dict, unembed_bias="unembed.b_U" in state_dict)
+
+
+def process(model: HookedTransformer, fold_ln: bool = False, center_writing_weights: bool = False,
+            center_unembed: bool = False, fold_value_biases: bool = False) -> HookedTransformer:
+    """A new model with the chosen steps applied (in the order of STEPS), recorded on ``.processing``.
+
+    Steps already in ``model.processing`` are skipped; the model passed in is not changed.
+    """
+    chosen = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
+                  fold_value_biases=fold_value_biases)
+    todo = [step for step in STEPS if chosen[step] and step not in model.processing]
+    sd, cfg = {k: v.detach() for k, v in model.state_dict().items()}, model.cfg
+    for step in todo:
+        sd = FUNCTIONS[step](sd, cfg)
+    cfg = config_for(sd, cfg)
+    first = next(model.parameters())
+    out = HookedTransformer(cfg, tokenizer=model._tokenizer, init=False, device=first.device, dtype=first.dtype)
+    out.load_state_dict(sd, strict=True)
+    out.processing = tuple(step for step in STEPS if step in model.processing or step in todo)
+    return out.train(model.training)

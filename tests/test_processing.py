@@ -1,0 +1,175 @@
+"""Weight processing (fold_ln, center_writing_weights, center_unembed, fold_value_biases) leaves
+predictions unchanged.
+
+Oracles are identities: log-probs of the processed model equal the original's; logits too, except
+with center_unembed, where they move by one constant per position; per-component logit
+attributions (glassbox.interp's decompose_resid + logit_attrs) agree between processed and
+original models. Every norm weight and bias is perturbed (conftest), so folding is never trivial.
+Tiny models check to float64 rounding; the GPT-2-small shape (tests named small_shape) in float32.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from conftest import TINY, make_hf_gpt2
+from glassbox.models import HookedTransformer, preset_config
+from glassbox.weights import from_pretrained, save_pretrained
+from glassbox.weights.processing import (STEPS, center_unembed, center_writing_weights, fold_ln,
+                                         fold_value_biases, process)
+
+ALL = dict.fromkeys(STEPS, True)
+
+
+def outputs(model, tokens):
+    with torch.no_grad():
+        logits = model(tokens)
+    return logits, logits.log_softmax(-1)
+
+
+def assert_same_predictions(model, processed, tokens, atol, logits_shift_allowed):
+    logits, log_probs = outputs(model, tokens)
+    new_logits, new_log_probs = outputs(processed, tokens)
+    torch.testing.assert_close(new_log_probs, log_probs, atol=atol, rtol=0)
+    diff = new_logits - logits
+    if logits_shift_allowed:
+        # One constant per position: the difference is flat along the vocabulary.
+        torch.testing.assert_close(diff, diff.mean(-1, keepdim=True).expand_as(diff), atol=atol, rtol=0)
+    else:
+        torch.testing.assert_close(new_logits, logits, atol=atol, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def tiny64():
+    return HookedTransformer.from_hf(make_hf_gpt2(dtype=torch.float64, **TINY))
+
+
+@pytest.fixture
+def tokens():
+    return torch.randint(0, TINY["vocab_size"], (3, 11), generator=torch.Generator().manual_seed(1))
+
+
+COMBOS = [dict(zip(STEPS, flags)) for flags in itertools.product([False, True], repeat=4) if any(flags)]
+
+
+@pytest.mark.parametrize("steps", COMBOS, ids=lambda s: "+".join(k for k, v in s.items() if v))
+def test_every_combination_preserves_predictions_tiny(tiny64, tokens, steps):
+    processed = process(tiny64, **steps)
+    assert processed.processing == tuple(k for k in STEPS if steps[k])
+    assert_same_predictions(tiny64, processed, tokens, 1e-12, logits_shift_allowed=steps["center_unembed"])
+
+
+def test_center_unembed_really_moves_logits(tiny64, tokens):
+    logits, _ = outputs(tiny64, tokens)
+    shifted, _ = outputs(process(tiny64, center_unembed=True), tokens)
+    assert (shifted - logits).abs().max() > 1e-3
+
+
+def test_fold_ln_moves_the_norms_into_the_readers(tiny64):
+    folded = process(tiny64, fold_ln=True)
+    for name, param in folded.named_parameters():
+        if name.endswith("ln1.w") or name.endswith("ln2.w") or name == "ln_final.w":
+            assert torch.equal(param, torch.ones_like(param)), name
+        if name.endswith(("ln1.b", "ln2.b")) or name == "ln_final.b":
+            assert torch.equal(param, torch.zeros_like(param)), name
+    w, W_Q = tiny64.blocks[1].ln1.w, tiny64.blocks[1].attn.W_Q
+    torch.testing.assert_close(folded.blocks[1].attn.W_Q, W_Q * w[None, :, None], atol=1e-15, rtol=0)
+    # The tied unembedding is untied, and ln_final's bias becomes b_U.
+    assert (folded.cfg.tied_unembed, folded.cfg.unembed_bias) == (False, True)
+    torch.testing.assert_close(folded.unembed.b_U, tiny64.ln_final.b @ tiny64.W_U, atol=1e-12, rtol=0)
+    assert tiny64.processing == () and tiny64.cfg.tied_unembed, "the original model is untouched"
+
+
+def test_functions_are_pure_and_idempotent(tiny64):
+    sd = {k: v.clone() for k, v in tiny64.state_dict().items()}
+    cfg = tiny64.cfg
+    for fn in (fold_ln, center_writing_weights, center_unembed, fold_value_biases):
+        once = fn(sd, cfg)
+        twice = fn(once, cfg)
+        assert set(once) == set(twice)
+        for key in once:
+            torch.testing.assert_close(twice[key], once[key], atol=1e-15, rtol=0, msg=lambda m: f"{fn.__name__} {key}: {m}")
+        for key, value in tiny64.state_dict().items():
+            assert torch.equal(sd[key], value), f"{fn.__name__} modified its input {key}"
+
+
+def test_processing_a_processed_model_is_a_no_op(tiny64):
+    once = process(tiny64, **ALL)
+    twice = process(once, **ALL)
+    assert twice.processing == STEPS
+    for (name, a), (_, b) in zip(once.state_dict().items(), twice.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_refusals_name_the_reason():
+    rms = HookedTransformer(preset_config("modern", d_model=22, n_layers=2, n_heads=2, d_head=6, d_vocab=29, n_ctx=19))
+    with pytest.raises(ValueError, match="center_writing_weights relies on LayerNorm.*'RMS'"):
+        process(rms, center_writing_weights=True)
+    post = HookedTransformer(preset_config("classic", d_model=22, n_layers=2, n_heads=2, d_vocab=29, n_ctx=19))
+    with pytest.raises(ValueError, match="fold_ln needs a pre-norm model; norm_placement='post'"):
+        process(post, fold_ln=True)
+
+
+@pytest.mark.parametrize("arch", ["modern", "parallel"])
+def test_other_architectures_preserve_predictions(arch, tokens):
+    sizes = dict(d_model=22, n_layers=2, n_heads=2, d_head=6, d_vocab=29, n_ctx=19, d_mlp=37)
+    if arch == "modern":
+        cfg, steps = preset_config("modern", **sizes), dict(fold_ln=True, center_unembed=True, fold_value_biases=True)
+    else:
+        cfg = preset_config("gpt2", **sizes, parallel_attn_mlp=True, positional="rotary", rotary_dim=4,
+                            rotary_style="interleaved", unembed_bias=True, tied_unembed=False)
+        steps = ALL
+    torch.manual_seed(0)
+    model = HookedTransformer(cfg, dtype=torch.float64)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.3 * torch.randn_like(param))
+    processed = process(model, **steps)
+    assert_same_predictions(model, processed, tokens, 1e-12, logits_shift_allowed=True)
+    assert all(torch.equal(p, torch.ones_like(p)) for n, p in processed.named_parameters() if n.endswith("ln1.w"))
+
+
+def test_from_pretrained_opts_in_and_records(tmp_path, tokens):
+    model = HookedTransformer.from_hf(make_hf_gpt2(**TINY))
+    save_pretrained(model, tmp_path)
+    plain = from_pretrained(tmp_path)
+    assert plain.processing == ()
+    folded = from_pretrained(tmp_path, fold_ln=True, center_writing_weights=True)
+    assert folded.processing == ("fold_ln", "center_writing_weights")
+    assert_same_predictions(plain, folded, tokens, 1e-5, logits_shift_allowed=False)
+    with pytest.raises(TypeError, match="unexpected options for from_pretrained: fold_layernorm"):
+        from_pretrained(tmp_path, fold_layernorm=True)
+
+
+# -- GPT-2-small shape ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_tokens():
+    return torch.randint(0, 50257, (2, 24), generator=torch.Generator().manual_seed(2))
+
+
+def test_small_shape_processing_preserves_log_probs(small_model, small_tokens):
+    without_unembed = process(small_model, fold_ln=True, center_writing_weights=True, fold_value_biases=True)
+    assert_same_predictions(small_model, without_unembed, small_tokens, 1e-5, logits_shift_allowed=False)
+    del without_unembed
+    everything = process(small_model, **ALL)
+    assert_same_predictions(small_model, everything, small_tokens, 1e-5, logits_shift_allowed=True)
+
+
+def test_small_shape_logit_attributions_agree(small_model, small_tokens):
+    """Direct logit attribution of every component (embeddings, each attn and MLP output, the final
+    norm's bias) to a logit difference, from the analysis tools, is the same before and after."""
+    processed = process(small_model, **ALL)
+    correct, wrong = small_tokens[:, -1], small_tokens[:, 0]
+    attrs = []
+    for model in (small_model, processed):
+        with torch.no_grad():
+            _, cache = model.run_with_cache(small_tokens)
+        stack, labels = cache.decompose_resid(pos_slice=-2, return_labels=True)
+        attrs.append((cache.logit_attrs(stack, correct, incorrect_tokens=wrong, pos_slice=-2), labels))
+        del cache
+    (before, labels), (after, labels_after) = attrs
+    assert labels == labels_after and len(labels) == 2 + 2 * 12
+    assert before.shape == (len(labels) + 1, 2)  # + the final norm's bias row
+    assert before.abs().max() > 1e-2, "attributions too small for the comparison to mean anything"
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=0)
