@@ -3,9 +3,12 @@
 Contract:
 - ``names_filter`` is None (every hook), a hook name, a list of hook names, or a callable on names.
   An unknown name raises ``KeyError`` with the closest valid names.
-- Each activation is copied as it is cached: detached, moved to ``device`` and cast to ``dtype``
-  (floating tensors only) right away, so a GPU run can cache to CPU in float16 without holding a full
-  GPU copy, and no later hook that edits a tensor in place can change what was cached.
+- Each activation is detached, moved to ``device`` and cast to ``dtype`` (floating tensors only) as it
+  is cached, so a GPU run can cache to CPU in float16 without holding a full GPU copy. When other
+  hooks are attached it is also copied, so no later hook that edits a tensor in place can change
+  what was cached; with none, the forward's own tensor is kept (nothing else can edit it), which
+  halves the allocations of a full cache. With ``stop_at_layer`` the returned residual stream is then
+  the same tensor as the last cached one.
 - With ``return_type=None`` nothing after the last requested activation is needed, so the forward
   stops as soon as that activation is cached. With ``stop_at_layer`` the forward runs only the
   blocks before it (the output is the residual stream there); an explicitly named activation beyond
@@ -136,16 +139,22 @@ def run_with_cache(model, input: Union[str, list, Int[Tensor, "batch pos"]], nam
     # With stop_at_layer the output is the residual stream there, so the forward must reach it.
     stop_early = return_type is None and stop_at_layer is None and not incl_bwd
 
-    def save(store_name: str):
+    # The forward never edits an activation in place, so only another hook could change a stored
+    # tensor later: with none attached, the forward's own tensor is kept (no second allocation and
+    # copy pass, the main cost of a full cache). Gradients are always copied: autograd may
+    # accumulate into the buffer it handed to the hook.
+    copy_acts = model.has_hooks
+
+    def save(store_name: str, copy: bool = True):
         def hook(act: Tensor, hook) -> None:
-            value = act.detach().to(device=device, dtype=dtype if act.is_floating_point() else None, copy=True)
+            value = act.detach().to(device=device, dtype=dtype if act.is_floating_point() else None, copy=copy)
             store[store_name] = value[0] if remove_batch_dim else value
             pending.discard(store_name)
             if stop_early and not pending:
                 raise _StopForward
         return hook
 
-    fwd = [(name, save(name)) for name in names]
+    fwd = [(name, save(name, copy_acts)) for name in names]
     bwd = [(name, save(name + "_grad")) for name in names] if incl_bwd else []
     kwargs = dict(attention_mask=attention_mask, stop_at_layer=stop_at_layer, **forward_kwargs)
     with model.hooks(fwd, bwd):

@@ -89,8 +89,11 @@ class Attention(nn.Module):
                                                   scale=self.scale)
         if attn_mask is None:
             attn_mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
-        scores = (q @ k.transpose(-1, -2)) * self.scale
-        scores = self.hook_attn_scores(scores.masked_fill(~attn_mask, float("-inf")))
+        # Scaling q ([.. d_head]) rather than the scores ([.. key_pos]) and masking the fresh scores in
+        # place saves two passes and two allocations over [batch head query_pos key_pos], the largest
+        # tensors of a cached run (equal bits when d_head is a power of 4, else within rounding).
+        scores = (q * self.scale) @ k.transpose(-1, -2)
+        scores = self.hook_attn_scores(scores.masked_fill_(~attn_mask, float("-inf")))
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         return pattern @ v
 
