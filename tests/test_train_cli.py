@@ -56,3 +56,14 @@ def test_resume_of_a_finished_run_keeps_the_weights(trained):
     text = trained.parent / "text.txt"
     assert main(["train", "--text", str(text), "--out", str(trained), "--resume", "--no-progress"]) == 0
     assert (trained / "model.safetensors").read_bytes() == before
+
+
+def test_other_architectures_train_and_keep_their_checkpoint(tmp_path, trained):
+    from glassbox.train import load_checkpoint
+
+    out = tmp_path / "classic"
+    assert main(["train", "--text", str(trained.parent / "text.txt"), "--out", str(out), "--arch", "classic",
+                 *ARGS]) == 0
+    cfg, state, _ = load_checkpoint(out / "checkpoint")
+    assert cfg.positional == "sinusoidal" and cfg.norm_placement == "post" and cfg.n_layers == 2
+    assert not (out / "model.safetensors").exists()

@@ -5,7 +5,9 @@ merges.txt) that ``transformers`` and ``HookedTransformer.from_pretrained(DIR)``
 ``checkpoint/`` (to resume with ``--resume``), ``train_log.jsonl`` (one line per step) and
 ``train_summary.json`` (final held-out loss next to the unigram baseline).
 
-The tokenizer is trained on the training part of the text only; the last ``--heldout-frac`` of
+``--arch`` picks a preset of ``glassbox.models.presets``; only ``gpt2`` exports to a Hugging Face
+folder, the others keep their weights in ``checkpoint/``. The tokenizer is trained on the training
+part of the text only; the last ``--heldout-frac`` of
 the text is held out for evaluation.
 """
 
@@ -15,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from ..models.presets import PRESETS, preset_config
+
 CHECKPOINT, LOG, SUMMARY = "checkpoint", "train_log.jsonl", "train_summary.json"
 
 
@@ -22,6 +26,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a small GPT-2 and its tokenizer on a text file")
     p.add_argument("--text", required=True, help="a UTF-8 text file")
     p.add_argument("--out", required=True, help="output folder (a Hugging Face GPT-2 folder at the end)")
+    p.add_argument("--arch", choices=sorted(PRESETS), default="gpt2",
+                   help="architecture preset (glassbox.models.presets); only gpt2 exports to a Hugging Face folder")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
@@ -51,7 +57,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..models import Config
     from ..train import (TrainConfig, Trainer, encode_text, init_model, load_tokenizer, split_text,
                          train_bpe_tokenizer, unigram_loss)
     from ..weights import save_pretrained
@@ -83,8 +88,8 @@ def run(args) -> int:
                                  device=args.device, **common)
         print(f"resuming at step {trainer.step} of {trainer.config.steps}")
     else:
-        cfg = Config(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, d_vocab=len(tokenizer),
-                     n_ctx=args.n_ctx, model_name=out.name)
+        cfg = preset_config(args.arch, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
+                            d_vocab=len(tokenizer), n_ctx=args.n_ctx, model_name=out.name)
         warmup = min(100, args.steps // 10) if args.warmup_steps is None else args.warmup_steps
         config = TrainConfig(
             steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=warmup,
@@ -96,12 +101,21 @@ def run(args) -> int:
         trainer = Trainer(model, train_stream, heldout_stream, bos_id, config, **common)
     trainer.run()
     log_file.close()
-    save_pretrained(trainer.model, out)
+    if _gpt2_like(trainer.model.cfg):
+        save_pretrained(trainer.model, out)
+        where = f"model saved to {out}"
+    else:
+        where = f"weights in {out / CHECKPOINT} (glassbox.train.load_checkpoint; only gpt2 exports to transformers)"
     summary = {"steps": trainer.step, "tokens_seen": trainer.step * trainer.config.batch_size * args.n_ctx,
                "heldout_loss": trainer.history["eval"][-1][1],
                "unigram_heldout_loss": unigram_loss(train_stream, heldout_stream, len(tokenizer)),
                "train_config": trainer.state()["train_config"], "model_config": trainer.model.cfg.to_dict()}
     (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     print(f"held-out loss {summary['heldout_loss']:.4f} nats/token (unigram baseline "
-          f"{summary['unigram_heldout_loss']:.4f}); model saved to {out} [{time.perf_counter() - start:.0f} s]")
+          f"{summary['unigram_heldout_loss']:.4f}); {where} [{time.perf_counter() - start:.0f} s]")
     return 0
+
+
+def _gpt2_like(cfg) -> bool:
+    return cfg == preset_config("gpt2", d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                                d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx, model_name=cfg.model_name)
