@@ -123,6 +123,14 @@ def run_with_cache(model, input: Union[str, list, Int[Tensor, "batch pos"]], nam
         incl_bwd: also cache gradients of the loss as ``<name>_grad``.
         stop_at_layer, return_type, **forward_kwargs: as for the model's forward.
     """
+    # Checked here, not in the first caching hook, so a bad value fails before the forward starts.
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating torch.dtype (activations are cast to it), got {dtype!r}")
+    if device is not None:
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as err:
+            raise ValueError(f"device {device!r} is not a torch device: {err}") from None
     tokens, attention_mask = model.input_to_tokens(input, attention_mask, prepend_bos, padding_side)
     names = resolve_names(model, names_filter)
     if names_filter is None:

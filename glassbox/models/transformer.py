@@ -105,11 +105,16 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
                      loss_per_token: bool = False, attention_mask: Optional[Tensor] = None,
                      stop_at_layer: Optional[int] = None, tokens: Optional[Tensor] = None):
         """Continue a forward pass from the residual stream entering block ``start_at_layer``."""
-        if not 0 <= start_at_layer <= self.cfg.n_layers:
-            raise ValueError(f"start_at_layer={start_at_layer} is outside [0, n_layers={self.cfg.n_layers}]")
-        if resid.ndim != 3 or resid.shape[-1] != self.cfg.d_model:
+        if isinstance(start_at_layer, bool) or not isinstance(start_at_layer, int) \
+                or not 0 <= start_at_layer <= self.cfg.n_layers:
+            raise ValueError(f"start_at_layer={start_at_layer!r} is outside [0, n_layers={self.cfg.n_layers}]")
+        if not isinstance(resid, Tensor) or resid.ndim != 3 or resid.shape[-1] != self.cfg.d_model:
             raise ValueError(f"with start_at_layer, input is the residual stream [batch pos d_model="
-                             f"{self.cfg.d_model}], got shape {tuple(resid.shape)}")
+                             f"{self.cfg.d_model}], got {tuple(resid.shape) if isinstance(resid, Tensor) else resid!r}")
+        if resid.dtype != self.embed.W_E.dtype:
+            raise ValueError(f"the residual stream has dtype {resid.dtype}, the model {self.embed.W_E.dtype}")
+        if resid.shape[1] > self.cfg.n_ctx:
+            raise ValueError(f"residual stream of {resid.shape[1]} positions is longer than n_ctx={self.cfg.n_ctx}")
         if return_type in ("loss", "both") and tokens is None:
             raise ValueError("a loss from start_at_layer needs tokens=")
         if attention_mask is not None:
@@ -121,7 +126,7 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
 
     def run_blocks(self, resid, start, stop, positions, attn_mask, past_kv_cache, return_type, tokens,
                    attention_mask, loss_per_token):
-        end = self.cfg.n_layers if stop is None else stop
+        end = self.cfg.n_layers if stop is None else self.check_stop(stop, start)
         for block in self.blocks[start:end]:
             kv = past_kv_cache[block.layer] if past_kv_cache is not None else None
             resid = block(resid, positions, attn_mask, kv)
@@ -135,6 +140,16 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
         loss = lm_loss(logits, tokens, attention_mask, loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
 
+    def check_stop(self, stop, start: int) -> int:
+        """stop_at_layer as a block index in [start, n_layers]; negative counts from the end."""
+        n = self.cfg.n_layers
+        if isinstance(stop, bool) or not isinstance(stop, int) or not -n <= stop <= n:
+            raise ValueError(f"stop_at_layer={stop!r} must be an int in [-n_layers, n_layers] = [-{n}, {n}]")
+        end = stop if stop >= 0 else n + stop
+        if end < start:
+            raise ValueError(f"stop_at_layer={stop} ends before start_at_layer={start}")
+        return end
+
     def input_to_tokens(self, input, attention_mask, prepend_bos, padding_side) -> tuple:
         if isinstance(input, (str, list, tuple)):
             if attention_mask is not None:
@@ -143,7 +158,11 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
         if not isinstance(input, Tensor):
             raise ValueError(f"input must be token ids [batch pos], a string or a list of strings, "
                              f"got {type(input).__name__}")
+        if input.device.type == "meta":
+            raise ValueError("token ids are on the meta device, which holds shapes but no values")
         tokens = input.to(self.cfg_device())
+        if tokens.dtype in (torch.uint8, torch.int8, torch.int16):
+            tokens = tokens.long()  # the embedding takes int32 or int64 ids
         if tokens.ndim == 1:
             tokens = tokens[None]
         if attention_mask is not None:
@@ -153,7 +172,15 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
             if attention_mask.shape != tokens.shape:
                 raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, "
                                  f"tokens have {tuple(tokens.shape)}")
+            if attention_mask.dtype != torch.bool:
+                odd = (attention_mask != 0) & (attention_mask != 1)
+                if bool(odd.any()):
+                    raise ValueError(f"attention_mask holds {attention_mask[odd][0].item()!r}; use 1 for real "
+                                     "tokens and 0 for padding")
             attention_mask = attention_mask.bool()
+            empty = ~attention_mask.any(dim=-1)
+            if bool(empty.any()):
+                raise ValueError(f"attention_mask row {int(empty.nonzero()[0, 0])} has no real token")
         return tokens, attention_mask
 
     def check_tokens(self, tokens: Tensor, past: int = 0) -> None:
