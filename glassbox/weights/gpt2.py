@@ -6,6 +6,7 @@ weights are views of those same columns, so the conversion is slicing and reshap
 Every tensor's shape is checked against the config, and a mismatch names the tensor.
 """
 
+import re
 from typing import Mapping
 
 import torch
@@ -108,6 +109,21 @@ def check_shapes(state_dict: Mapping[str, Tensor], expected: dict, source: str =
         got = tuple(state_dict[key].shape)
         if got != tuple(shape):
             raise ValueError(f"{source}: tensor {key} has shape {got}, expected {tuple(shape)}")
+        if not state_dict[key].is_floating_point():  # loading would cast it silently
+            raise ValueError(f"{source}: tensor {key} has dtype {state_dict[key].dtype}, expected floating point")
+
+
+def check_no_extras(state_dict: Mapping[str, Tensor], expected: dict, source: str, ignored=()) -> None:
+    """No tensor beyond ``expected`` (and the ``ignored`` patterns): an extra layer, an extra head or
+    another architecture's weights mean the file is not the model the config describes."""
+    extra = [k for k in state_dict if k not in expected and not any(re.fullmatch(p, k) for p in ignored)]
+    if extra:
+        raise ValueError(f"{source} has {len(extra)} tensor(s) that its config does not describe, e.g. "
+                         f"{extra[:3]}: weights of another size or architecture?")
+
+
+# Causal-mask buffers that older GPT-2 checkpoints saved; the tied lm_head is W_E again.
+HF_IGNORED = (r"transformer\.h\.\d+\.attn\.(masked_)?bias", r"lm_head\.weight")
 
 
 def hf_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config, source: str = "HF state dict") -> dict:
@@ -115,6 +131,7 @@ def hf_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config, source: str
     sd = {k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k: v
           for k, v in hf_state_dict.items()}
     check_shapes(sd, hf_expected_shapes(cfg), source)
+    check_no_extras(sd, hf_expected_shapes(cfg), source, HF_IGNORED)
     D, H, Dh = cfg.d_model, cfg.n_heads, cfg.d_head
     out = {"embed.W_E": sd["transformer.wte.weight"], "pos_embed.W_pos": sd["transformer.wpe.weight"],
            "ln_final.w": sd["transformer.ln_f.weight"], "ln_final.b": sd["transformer.ln_f.bias"]}
