@@ -32,6 +32,8 @@ def add_parser(sub) -> None:
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--n-ctx", type=int, default=128)
+    p.add_argument("--init-range", type=float, default=None,
+                   help="std of the initial weight matrices (default: the preset's; GPT-2 uses 0.02)")
     p.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary, <|endoftext|> included")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch-size", type=int, default=32)
@@ -88,8 +90,9 @@ def run(args) -> int:
                                  device=args.device, **common)
         print(f"resuming at step {trainer.step} of {trainer.config.steps}")
     else:
+        init = {} if args.init_range is None else {"init_range": args.init_range}
         cfg = preset_config(args.arch, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-                            d_vocab=len(tokenizer), n_ctx=args.n_ctx, model_name=out.name)
+                            d_vocab=len(tokenizer), n_ctx=args.n_ctx, model_name=out.name, **init)
         warmup = min(100, args.steps // 10) if args.warmup_steps is None else args.warmup_steps
         config = TrainConfig(
             steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=warmup,
@@ -106,7 +109,8 @@ def run(args) -> int:
         where = f"model saved to {out}"
     else:
         where = f"weights in {out / CHECKPOINT} (glassbox.train.load_checkpoint; only gpt2 exports to transformers)"
-    summary = {"steps": trainer.step, "tokens_seen": trainer.step * trainer.config.batch_size * args.n_ctx,
+    tokens_seen = trainer.step * trainer.config.batch_size * trainer.model.cfg.n_ctx
+    summary = {"steps": trainer.step, "tokens_seen": tokens_seen,
                "heldout_loss": trainer.history["eval"][-1][1],
                "unigram_heldout_loss": unigram_loss(train_stream, heldout_stream, len(tokenizer)),
                "train_config": trainer.state()["train_config"], "model_config": trainer.model.cfg.to_dict()}
@@ -118,4 +122,5 @@ def run(args) -> int:
 
 def _gpt2_like(cfg) -> bool:
     return cfg == preset_config("gpt2", d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-                                d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx, model_name=cfg.model_name)
+                                d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx, model_name=cfg.model_name,
+                                init_range=cfg.init_range)
