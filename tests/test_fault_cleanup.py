@@ -1,0 +1,122 @@
+"""Faults leave nothing behind: a hook, a metric or a KeyboardInterrupt that raises in the middle of a
+cache run, a generation or a patching sweep leaves the model exactly as it was.
+
+"Exactly as it was" is checked, not assumed: the SHA-256 of every tensor of the state dict (bytes,
+dtype and shape), the hooks at every hook point (the same functions, in the same order: a user's
+own hooks stay, the operation's are gone), every hook point's ``ctx``, each parameter's
+``requires_grad`` and ``.grad``, the train/eval mode, and the logits of a fresh forward, bit for bit.
+"""
+
+import hashlib
+
+import pytest
+import torch
+
+from conftest import TINY
+
+V = TINY["vocab_size"]
+
+
+class Boom(Exception):
+    pass
+
+
+def fingerprint(model) -> dict:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name} {t.dtype} {tuple(t.shape)}".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes())
+    return {
+        "weights": digest.hexdigest(),
+        "hooks": {name: (list(p.fwd_hooks), list(p.bwd_hooks)) for name, p in model.hook_dict.items()},
+        "ctx": {name: dict(p.ctx) for name, p in model.hook_dict.items()},
+        "grad": {name: (p.requires_grad, None if p.grad is None else p.grad.clone()) for name, p in model.named_parameters()},
+        "training": model.training,
+    }
+
+
+def assert_untouched(model, before: dict, tokens, logits_before) -> None:
+    after = fingerprint(model)
+    assert after["weights"] == before["weights"], "weights changed"
+    changed = [n for n in before["hooks"] if after["hooks"][n] != before["hooks"][n]]
+    assert not changed, f"hooks left behind or lost at {changed[:3]}"
+    assert after["ctx"] == before["ctx"], "hook ctx left behind"
+    assert after["training"] == before["training"]
+    for name, (requires, grad) in before["grad"].items():
+        assert after["grad"][name][0] == requires, f"{name}.requires_grad changed"
+        assert (after["grad"][name][1] is None) == (grad is None), f"{name}.grad appeared or vanished"
+    with torch.no_grad():
+        assert torch.equal(model(tokens), logits_before), "a fresh forward gives other logits"
+
+
+@pytest.fixture
+def snapshot(tiny_model, tiny_tokens):
+    with torch.no_grad():
+        logits = tiny_model(tiny_tokens)
+    assert not tiny_model.has_hooks
+    return fingerprint(tiny_model), logits
+
+
+def raise_at(layer_name: str, exc=Boom):
+    def hook(act, hook):
+        raise exc(f"raised at {hook.name}")
+    return layer_name, hook
+
+
+# -- cache runs -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt])
+def test_hook_raising_mid_cache_run(tiny_model, tiny_tokens, snapshot, exc):
+    with pytest.raises(exc):
+        with tiny_model.hooks([raise_at("blocks.1.attn.hook_pattern", exc)]):
+            tiny_model.run_with_cache(tiny_tokens)
+    assert_untouched(tiny_model, snapshot[0], tiny_tokens, snapshot[1])
+
+
+def test_users_own_hook_survives_a_failed_cache_run(tiny_model, tiny_tokens, snapshot):
+    """A hook added with add_hook is the user's to remove: a failed cache run removes only its own."""
+    seen = []
+    handles = tiny_model.add_hook("blocks.0.hook_resid_pre", lambda act, hook: seen.append(1))
+    with_user_hook = fingerprint(tiny_model)
+    try:
+        with pytest.raises(Boom):
+            with tiny_model.hooks([raise_at("blocks.1.mlp.hook_post")]):
+                tiny_model.run_with_cache(tiny_tokens, names_filter=lambda n: "resid" in n)
+        assert seen == [1]
+        after = fingerprint(tiny_model)
+        assert after["hooks"] == with_user_hook["hooks"] and after["weights"] == with_user_hook["weights"]
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert_untouched(tiny_model, snapshot[0], tiny_tokens, snapshot[1])
+
+
+@pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt])
+def test_backward_hook_raising_mid_gradient_cache(tiny_model, tiny_tokens, snapshot, exc):
+    def bwd(grad, hook):
+        raise exc("backward")
+
+    with pytest.raises(exc):
+        with tiny_model.hooks(bwd_hooks=[("blocks.0.hook_resid_mid", bwd)]):
+            tiny_model.run_with_cache(tiny_tokens, incl_bwd=True)
+    assert_untouched(tiny_model, snapshot[0], tiny_tokens, snapshot[1])
+
+
+# -- generation -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt])
+@pytest.mark.parametrize("use_past_kv_cache", [True, False])
+def test_hook_raising_at_a_later_generation_step(tiny_model, tiny_tokens, snapshot, exc, use_past_kv_cache):
+    prompt = torch.tensor([[3, 1, 4], [1, 5, 9]])
+    steps = []
+
+    def at_step_2(act, hook):
+        steps.append(hook.ctx["step"])
+        if hook.ctx["step"] == 2:
+            raise exc("step 2")
+
+    with pytest.raises(exc):
+        with tiny_model.hooks([("blocks.1.hook_mlp_out", at_step_2)]):
+            tiny_model.generate(prompt, max_new_tokens=5, eos_token_id=None, use_past_kv_cache=use_past_kv_cache)
+    assert steps == [0, 1, 2], "the fault was meant to come mid-generation"
+    assert_untouched(tiny_model, snapshot[0], tiny_tokens, snapshot[1])
+
