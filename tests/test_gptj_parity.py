@@ -119,3 +119,28 @@ def test_export_refuses_attention_biases(hf_gptj):
         glassbox_to_gptj(state, cfg)
     with pytest.raises(ValueError, match="not a GPT-J-architecture config.*'parallel_attn_mlp': False"):
         config_to_gptj(cfg.replace(parallel_attn_mlp=False))
+
+
+def test_model_level_from_hf_to_hf_and_folders(hf_gptj, tokens, tmp_path):
+    from transformers import GPTJForCausalLM
+
+    from glassbox.weights import from_pretrained, save_pretrained
+
+    model = HookedTransformer.from_hf(hf_gptj)
+    exported = model.to_hf()
+    assert isinstance(exported, GPTJForCausalLM)
+    save_pretrained(model, tmp_path)
+    reloaded = from_pretrained(tmp_path)
+    with torch.no_grad():
+        expected = hf_gptj(tokens).logits
+        torch.testing.assert_close(model(tokens), expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(exported(tokens).logits, expected, atol=0, rtol=0)
+        torch.testing.assert_close(reloaded(tokens), model(tokens), atol=0, rtol=0)
+
+
+def test_classic_preset_has_no_hf_export():
+    from glassbox.models import preset_config
+
+    model = HookedTransformer(preset_config("classic", d_model=24, n_layers=1, n_heads=3, d_vocab=29, n_ctx=19))
+    with pytest.raises(ValueError, match="no Hugging Face architecture can represent this config"):
+        model.to_hf()

@@ -132,3 +132,38 @@ def test_refusals_name_the_problem(hf_llama):
     sd["model.layers.1.mlp.up_proj.weight"] = sd["model.layers.1.mlp.up_proj.weight"][:-1]
     with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.up_proj\.weight has shape \(36, 21\), expected \(37, 21\)"):
         llama_to_glassbox(sd, cfg)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_model_level_from_hf_to_hf_and_folders(tied, tokens, tmp_path):
+    """from_hf, to_hf, save_pretrained and from_pretrained dispatch on the Llama architecture."""
+    from transformers import LlamaForCausalLM
+
+    from glassbox.weights import from_pretrained, save_pretrained
+
+    hf = make_hf_llama(seed=6, tied=tied)
+    model = HookedTransformer.from_hf(hf)
+    exported = model.to_hf()
+    assert isinstance(exported, LlamaForCausalLM)
+    save_pretrained(model, tmp_path)
+    reloaded = from_pretrained(tmp_path)
+    with torch.no_grad():
+        expected = hf(tokens).logits
+        torch.testing.assert_close(model(tokens), expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(exported(tokens).logits, expected, atol=0, rtol=0)
+        torch.testing.assert_close(reloaded(tokens), model(tokens), atol=0, rtol=0)
+        torch.testing.assert_close(LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")(tokens).logits, expected, atol=0, rtol=0)
+
+
+def test_modern_preset_exports_as_llama(tokens):
+    from transformers import LlamaForCausalLM
+
+    from glassbox.models import preset_config
+
+    torch.manual_seed(0)
+    model = HookedTransformer(preset_config("modern", d_model=21, n_layers=2, n_heads=3, d_head=8, d_vocab=29,
+                                            n_ctx=19)).eval()
+    exported = model.to_hf()
+    assert isinstance(exported, LlamaForCausalLM)
+    with torch.no_grad():
+        torch.testing.assert_close(exported(tokens).logits, model(tokens), atol=1e-5, rtol=0)

@@ -13,7 +13,8 @@ import torch
 
 from ..models import Config, HookedTransformer
 from .files import read_config, read_state_dict
-from .gpt2 import config_from_hf, config_to_hf, glassbox_to_hf, hf_to_glassbox
+from .architectures import architecture_of_config, architecture_of_type
+from .gpt2 import config_from_hf
 from .processing import STEPS, process
 
 # Hub names -> (n_layer, n_embd, n_head); vocabulary 50257 and context 1024 for all of them.
@@ -81,16 +82,15 @@ def from_pretrained(name_or_path, device=None, dtype: torch.dtype = torch.float3
 
 def load_folder(folder: Path, device=None, dtype: torch.dtype = torch.float32,
                 tokenizer=None) -> HookedTransformer:
-    """A Hugging Face GPT-2 folder -> HookedTransformer; errors name the file or tensor."""
-    from transformers import GPT2Config
+    """A Hugging Face GPT-2, Llama or GPT-J folder -> HookedTransformer; errors name the file or tensor."""
+    import transformers
 
     folder = Path(folder)
     config = read_config(folder)
-    if config.get("model_type") != "gpt2":
-        raise ValueError(f"{folder / 'config.json'} describes model_type={config.get('model_type')!r}; "
-                         "glassbox loads GPT-2 folders")
-    cfg = config_from_hf(GPT2Config.from_dict(config)).replace(model_name=folder.name)
-    state = hf_to_glassbox(read_state_dict(folder), cfg, source=str(folder))
+    arch = architecture_of_type(config.get("model_type"), source=str(folder / "config.json"))
+    hf_config = getattr(transformers, arch.hf_config_class).from_dict(config)
+    cfg = arch.config_from(hf_config).replace(model_name=folder.name)
+    state = arch.to_glassbox(read_state_dict(folder), cfg, source=str(folder))
     if tokenizer is None and any((folder / f).is_file() for f in TOKENIZER_FILES):
         from transformers import AutoTokenizer
 
@@ -105,30 +105,40 @@ def build(cfg: Config, state: dict, tokenizer, device, dtype) -> HookedTransform
 
 
 def from_hf(hf_model, tokenizer=None, device=None, dtype: Optional[torch.dtype] = None) -> HookedTransformer:
-    """An in-memory ``transformers`` GPT-2 -> HookedTransformer with the same weights."""
-    cfg = config_from_hf(hf_model.config)
-    state = hf_to_glassbox(hf_model.state_dict(), cfg)
+    """An in-memory ``transformers`` GPT-2, Llama or GPT-J -> HookedTransformer with the same weights."""
+    arch = architecture_of_type(getattr(hf_model.config, "model_type", None), source=type(hf_model).__name__)
+    cfg = arch.config_from(hf_model.config)
+    state = arch.to_glassbox(hf_model.state_dict(), cfg)
     first = next(hf_model.parameters())
     return build(cfg, state, tokenizer, device or first.device, dtype or first.dtype)
 
 
 def to_hf(model: HookedTransformer):
-    """HookedTransformer -> ``transformers.GPT2LMHeadModel`` (eager attention) with the same weights."""
-    from transformers import GPT2LMHeadModel
+    """HookedTransformer -> ``transformers`` GPT2LMHeadModel, LlamaForCausalLM or GPTJForCausalLM (the
+    first that can represent the config; eager attention) with the same weights."""
+    import transformers
 
-    hf_config = config_to_hf(model.cfg)
+    arch = architecture_of_config(model.cfg)
+    hf_config = arch.config_to(model.cfg)
     hf_config._attn_implementation = "eager"
+    hf_class = getattr(transformers, arch.hf_model_class)
     first = next(model.parameters())
+    state = arch.to_hf(model.state_dict(), model.cfg)
+    if arch.model_type != "gpt2":
+        # Built for real: their rotary tables are non-persistent buffers that a meta build would lack.
+        hf_model = hf_class(hf_config).to(first.dtype)
+        hf_model.load_state_dict(state, strict=True)
+        return hf_model.to(first.device).eval()
     with torch.device("meta"):
-        hf_model = GPT2LMHeadModel(hf_config)
-    hf_model.load_state_dict(glassbox_to_hf(model.state_dict(), model.cfg), strict=False, assign=True)
+        hf_model = hf_class(hf_config)
+    hf_model.load_state_dict(state, strict=False, assign=True)
     if model.cfg.tied_unembed:
         hf_model.tie_weights()
     return hf_model.to(first.device).eval()
 
 
 def save_pretrained(model: HookedTransformer, folder) -> None:
-    """Write a Hugging Face GPT-2 folder that ``transformers`` and glassbox both load."""
+    """Write a Hugging Face folder (GPT-2, Llama or GPT-J) that ``transformers`` and glassbox both load."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     to_hf(model).save_pretrained(str(folder))
