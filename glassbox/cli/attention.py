@@ -1,0 +1,65 @@
+"""``glassbox attention``: write an offline page showing every layer's and head's attention pattern.
+
+    glassbox attention --model NAME_OR_PATH --prompt "..." --out view.html
+
+Without ``--model`` the page shows a seeded random tiny GPT-2 (with GPT-2's tokenizer), which needs
+no download: useful to try the viewer, meaningless as a model.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+TINY = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=50257, n_ctx=256)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("attention", help="write an offline HTML viewer of a prompt's attention patterns")
+    p.add_argument("--model", default=None,
+                   help="hub name (gpt2, ...), folder or shipped model; default: a seeded random tiny GPT-2")
+    p.add_argument("--prompt", required=True, help="the text whose attention is shown")
+    p.add_argument("--out", default="attention.html", help="HTML file to write (default attention.html)")
+    p.add_argument("--no-bos", action="store_true", help="do not prepend the BOS token")
+    p.add_argument("--device", default=None, help="e.g. cuda; default: cpu")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random default model")
+    p.set_defaults(func=run)
+
+
+def build_model(name, device, seed: int):
+    from ..models import Config, HookedTransformer
+    from ..models.init import init_weights
+
+    if name is not None:
+        return HookedTransformer.from_pretrained(name, device=device)
+    cfg = Config(**TINY, model_name="random tiny gpt2")
+    model = HookedTransformer(cfg, init=False, device=device)
+    init_weights(model, cfg, generator=torch.Generator(device=model.cfg_device()).manual_seed(seed))
+    return model.eval()
+
+
+def patterns_of(model, tokens) -> torch.Tensor:
+    """[layer head query_pos key_pos] attention patterns of one prompt."""
+    names = [f"blocks.{L}.attn.hook_pattern" for L in range(model.cfg.n_layers)]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=names, return_type=None)
+    return torch.stack([cache[name][0] for name in names])
+
+
+def run(args) -> int:
+    from ..interp.plots import attention_viewer_html
+
+    try:
+        model = build_model(args.model, args.device, args.seed)
+        tokens = model.to_tokens(args.prompt, prepend_bos=False if args.no_bos else None)
+    except (OSError, ValueError, KeyError) as err:
+        print(f"glassbox attention: {err}", file=sys.stderr)
+        return 2
+    labels = model.to_str_tokens(tokens[0])
+    page = attention_viewer_html(patterns_of(model, tokens), labels,
+                                 title=f"attention of {model.cfg.model_name}: {len(labels)} tokens")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    print(f"wrote {out} ({model.cfg.n_layers} layers x {model.cfg.n_heads} heads, {len(labels)} tokens)")
+    return 0

@@ -1,0 +1,174 @@
+"""The attention viewer page of ``glassbox attention``, opened in a real headless Chromium.
+
+Chromium (Debian's ``chromium`` package) loads the page from a file with every host name resolving to
+nothing, so any network fetch would fail and be reported. A script injected before anything else
+records console errors, uncaught exceptions and failed resource loads; a second one, run after the
+page has loaded, reads the rendered heatmap, hovers one cell, switches the head selector and writes
+what it saw into the DOM, which ``--dump-dom`` prints. The expected numbers come from the model run
+here, not from the page.
+
+Skipped only when no Chromium is installed and CI is not set; with CI=true (as ``.ci/run`` sets) a
+missing browser is a failure.
+"""
+
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+import torch
+
+from glassbox.cli import main as cli_main
+from glassbox.cli.attention import build_model, patterns_of
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+PROMPT = "The cat sat on the mat. The cat"
+
+CAPTURE = """<script>
+window.__gbErrors = [];
+(function () {
+  var original = console.error;
+  console.error = function () {
+    window.__gbErrors.push("console.error: " + Array.prototype.join.call(arguments, " "));
+    return original.apply(console, arguments);
+  };
+  window.addEventListener("error", function (e) {
+    window.__gbErrors.push("error: " + (e.message || (e.target && (e.target.src || e.target.href)) || "a resource failed"));
+  }, true);
+  window.addEventListener("unhandledrejection", function (e) { window.__gbErrors.push("unhandled rejection: " + e.reason); });
+})();
+</script>"""
+
+PROBE = """<script>
+window.addEventListener("load", function () { setTimeout(function () {
+  var out = {};
+  try {
+    var gd = document.getElementById("attention");
+    out.heatmap_layers = gd.querySelectorAll(".hm").length;
+    out.heatmap_images = gd.querySelectorAll(".hm image").length;
+    out.z = gd.data[0].z;
+    out.yticks = Array.prototype.map.call(gd.querySelectorAll(".ytick text"), function (n) { return n.textContent; });
+    out.xticks = Array.prototype.map.call(gd.querySelectorAll(".xtick text"), function (n) { return n.textContent; });
+    Plotly.Fx.hover(gd, {xval: 1, yval: 2}, "xy");
+    out.hover = Array.prototype.map.call(gd.querySelectorAll(".hoverlayer .hovertext"), function (n) { return n.textContent; });
+    var layer = document.getElementById("layer"), head = document.getElementById("head");
+    head.value = "1"; head.dispatchEvent(new Event("change"));
+    out.z_head1 = gd.data[0].z;
+    layer.value = "1"; head.value = "3"; layer.dispatchEvent(new Event("change"));
+    out.z_layer1_head3 = gd.data[0].z;
+    out.title = gd.layout.title.text;
+    out.resources = performance.getEntriesByType("resource").map(function (r) { return r.name; });
+  } catch (e) { out.exception = String(e && e.stack || e); }
+  out.errors = window.__gbErrors;
+  var pre = document.createElement("pre");
+  pre.id = "gb-test-results";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+}, 100); });
+</script>"""
+
+
+FIGURES_PROBE = """<script>
+window.addEventListener("load", function () { setTimeout(function () {
+  var out = {};
+  var divs = document.querySelectorAll(".plotly-graph-div");
+  out.graphs = divs.length;
+  out.rendered = Array.prototype.filter.call(divs, function (d) { return d.querySelector(".main-svg") !== null; }).length;
+  out.heatmaps = document.querySelectorAll(".hm image").length;
+  out.resources = performance.getEntriesByType("resource").map(function (r) { return r.name; });
+  out.errors = window.__gbErrors;
+  var pre = document.createElement("pre");
+  pre.id = "gb-test-results";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+}, 100); });
+</script>"""
+
+
+def find_browser():
+    for name in BROWSERS:
+        path = shutil.which(name)
+        if path:
+            return path
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"CI is set but no Chromium ({', '.join(BROWSERS)}) is installed; .ci/run must install "
+                    "Debian's chromium package")
+    pytest.skip(f"Chromium not installed ({', '.join(BROWSERS)} not on PATH) and CI is not set: the viewer's "
+                "browser test runs only where a browser exists (apt-get install chromium)")
+
+
+def run_in_browser(browser: str, page_path: str) -> tuple:
+    profile = tempfile.mkdtemp(prefix="glassbox-chromium-")
+    try:
+        done = subprocess.run(
+            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--host-resolver-rules=MAP * ~NOTFOUND", "--enable-logging=stderr",
+             "--v=0", "--virtual-time-budget=10000", "--dump-dom", f"file://{page_path}"],
+            capture_output=True, text=True, timeout=180)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    found = re.search(r'<pre id="gb-test-results">(.*?)</pre>', done.stdout, re.S)
+    assert found, f"the probe wrote no results (exit {done.returncode}); stderr tail:\n{done.stderr[-2000:]}"
+    return json.loads(html.unescape(found.group(1))), done.stderr
+
+
+def close(a, b, atol=1e-4) -> bool:
+    return torch.allclose(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64), atol=atol, rtol=0)
+
+
+def test_viewer_page_in_headless_chromium(tmp_path):
+    browser = find_browser()
+    out = tmp_path / "view.html"
+    assert cli_main(["attention", "--prompt", PROMPT, "--out", str(out)]) == 0
+    source = out.read_text(encoding="utf-8")
+    assert "<script src" not in source and "<link" not in source, "the page must not load anything"
+
+    # The expected patterns, computed here from the same seeded default model.
+    model = build_model(None, None, seed=0)
+    tokens = model.to_tokens(PROMPT)
+    patterns = patterns_of(model, tokens).to(torch.float64)
+    labels = model.to_str_tokens(tokens[0])
+    n = len(labels)
+    assert labels.count(" cat") == 2 and labels.count(" The") == 1  # a repeated token must keep two rows
+
+    probe = tmp_path / "probe.html"
+    probe.write_text(source.replace("<head>", "<head>" + CAPTURE, 1).replace("</body>", PROBE + "</body>", 1),
+                     encoding="utf-8")
+    seen, stderr = run_in_browser(browser, str(probe))
+
+    assert "exception" not in seen, seen["exception"]
+    assert seen["errors"] == [], f"console errors: {seen['errors']}"
+    assert not [line for line in stderr.splitlines() if "CONSOLE" in line and "Uncaught" in line]
+    assert [r for r in seen["resources"] if not r.startswith("file:")] == [], "the page fetched something"
+    assert seen["heatmap_layers"] == 1 and seen["heatmap_images"] == 1, "no rendered heatmap"
+    assert len(seen["z"]) == n and all(len(row) == n for row in seen["z"]), "query x key rows"
+    assert len(seen["yticks"]) == n and len(seen["xticks"]) == n, (seen["yticks"], seen["xticks"])
+    assert seen["yticks"].count("\u00b7cat") == 2, seen["yticks"]  # repeated token: two rows
+    assert close(seen["z"], patterns[0, 0].tolist())
+    assert "p = " in seen["hover"][0] and f"{patterns[0, 0, 2, 1].item():.4f}" in seen["hover"][0], seen["hover"]
+    # Switching head (then layer and head) shows that head's values.
+    assert close(seen["z_head1"], patterns[0, 1].tolist())
+    assert not close(seen["z_head1"], seen["z"])
+    assert close(seen["z_layer1_head3"], patterns[1, 3].tolist())
+    assert seen["title"] == "layer 1, head 3"
+
+
+def test_saved_figures_open_offline(tmp_path):
+    from glassbox.interp.plots import attention_grid, patching_heatmap, save_html
+
+    browser = find_browser()
+    patterns = torch.rand(3, 5, 5).tril().softmax(-1)
+    figs = [attention_grid(patterns, ["a", "b", "a", "c", "d"]), patching_heatmap(torch.randn(4, 5))]
+    page = save_html(figs, tmp_path / "figs.html").read_text(encoding="utf-8")
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.replace("<head>", "<head>" + CAPTURE, 1).replace("</body>", FIGURES_PROBE + "</body>", 1),
+                     encoding="utf-8")
+    seen, _ = run_in_browser(browser, str(probe))
+    assert seen["errors"] == [], f"console errors: {seen['errors']}"
+    assert [r for r in seen["resources"] if not r.startswith("file:")] == []
+    assert seen["graphs"] == 2 and seen["rendered"] == 2 and seen["heatmaps"] == 3 + 1
