@@ -4,7 +4,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("parity", "train")
+COMMANDS = ("parity", "train", "attention")
 
 
 def build_parser() -> argparse.ArgumentParser:

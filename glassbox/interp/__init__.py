@@ -14,3 +14,11 @@ __all__ = [
     "get_last_token_logits", "induction_score", "induction_tokens", "last_token_positions", "logit_attrs",
     "run_with_cache", "stack_head_results",
 ]
+
+# Patching and plots (plotly is imported only when a plot is made).
+from . import patching, plots  # noqa: E402
+from .patching import LogitDiff, Normalized, PatchResult, activation_patch, path_patch  # noqa: E402
+from .plots import save_html  # noqa: E402
+
+__all__ += ["LogitDiff", "Normalized", "PatchResult", "activation_patch", "patching", "path_patch", "plots",
+            "save_html"]

@@ -1,0 +1,172 @@
+"""Patching metrics: one value per batch row, computed from the logits at one position per prompt.
+
+Contract: a metric is ``fn(logits [batch pos d_vocab]) -> [batch]``. A sweep stacks many patched
+copies of the corrupted batch of ``n_prompts`` prompts along the batch axis, variant by variant, so
+row ``r`` always belongs to prompt ``r % n_prompts``. The metrics here know this: answer tokens and
+read positions given per prompt ([prompt] tensors) are tiled to the rows they are called on.
+
+A ``PositionMetric`` (every metric here) declares the one position per prompt it reads, so a sweep
+unembeds only that position instead of the whole sequence; calling it on full logits gives the same
+numbers. ``Normalized`` rescales any of them to ``(patched - corrupted) / (clean - corrupted)``:
+1 on the clean run, 0 on the corrupted one.
+
+Footgun: with padded prompts the last real token is not at position -1; pass ``pos`` per prompt.
+"""
+
+from typing import Callable, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+Ids = Union[int, Tensor]
+
+
+def per_row(values: Tensor, n_rows: int, what: str) -> Tensor:
+    """A scalar or a per-prompt [prompt] tensor, tiled to ``n_rows`` rows (row r -> prompt r % prompt)."""
+    if values.ndim == 0:
+        return values.expand(n_rows)
+    if values.ndim != 1 or n_rows % values.shape[0]:
+        raise ValueError(f"{what} has shape {tuple(values.shape)}; give one value, or one per prompt for "
+                         f"a batch whose {n_rows} rows are whole copies of the prompts")
+    return values.repeat(n_rows // values.shape[0])
+
+
+def _as_ids(ids: Ids, what: str) -> Tensor:
+    # Kept on the CPU: checks on it never wait for the device; device copies are memoised.
+    ids = torch.as_tensor(ids).detach().cpu()
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool or ids.ndim > 1:
+        raise ValueError(f"{what} must be a token id or a [prompt] tensor of ids, got {ids.dtype} "
+                         f"shape {tuple(ids.shape)}")
+    return ids.long()
+
+
+class PositionMetric:
+    """A metric reading the logits at one position per prompt.
+
+    Subclasses implement ``read(logits [batch d_vocab]) -> [batch]``; or pass ``fn`` doing that.
+    ``pos`` is an int (negative counts from the end) or a [prompt] tensor of positions.
+    """
+
+    name = "metric"
+
+    def __init__(self, fn: Optional[Callable] = None, pos: Ids = -1, name: Optional[str] = None):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.pos = _as_ids(pos, "pos")
+        self._copies: dict = {}
+        if name is not None:
+            self.name = name
+
+    def on(self, values: Tensor, device, dtype=None) -> Tensor:
+        """``values`` (a CPU tensor held by this metric) on ``device``, copied once per device."""
+        key = (id(values), str(device), dtype)
+        if key not in self._copies:
+            self._copies[key] = values.to(device=device, dtype=dtype or values.dtype)
+        return self._copies[key]
+
+    def positions(self, n_rows: int, seq_len: int, device) -> Int[Tensor, "batch"]:
+        """The absolute position read in each of ``n_rows`` rows of a ``seq_len`` sequence."""
+        if bool(((self.pos < -seq_len) | (self.pos >= seq_len)).any()):
+            raise ValueError(f"metric position {self.pos.tolist()} is outside a sequence of {seq_len} tokens")
+        return per_row(self.on(self.pos, device), n_rows, "pos") % seq_len
+
+    def read(self, logits: Float[Tensor, "batch d_vocab"]) -> Float[Tensor, "batch"]:
+        if self.fn is None:
+            raise NotImplementedError(f"{type(self).__name__} must implement read() or be given fn")
+        return self.fn(logits)
+
+    def __call__(self, logits: Float[Tensor, "batch pos d_vocab"]) -> Float[Tensor, "batch"]:
+        if logits.ndim != 3:
+            raise ValueError(f"{self.name} takes logits [batch pos d_vocab], got shape {tuple(logits.shape)}")
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        return self.read(logits[rows, self.positions(logits.shape[0], logits.shape[1], logits.device)])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(pos={self.pos.tolist()})"
+
+
+class LogitDiff(PositionMetric):
+    """logit[correct] - logit[wrong] at the read position: the IOI paper's measure."""
+
+    name = "logit diff"
+
+    def __init__(self, correct: Ids, wrong: Ids, pos: Ids = -1):
+        super().__init__(pos=pos)
+        self.correct, self.wrong = _as_ids(correct, "correct"), _as_ids(wrong, "wrong")
+
+    def read(self, logits: Float[Tensor, "batch d_vocab"]) -> Float[Tensor, "batch"]:
+        n, device = logits.shape[0], logits.device
+        correct = per_row(self.on(self.correct, device), n, "correct")[:, None]
+        wrong = per_row(self.on(self.wrong, device), n, "wrong")[:, None]
+        return (logits.gather(-1, correct) - logits.gather(-1, wrong))[:, 0]
+
+
+class TargetProb(PositionMetric):
+    """Probability of ``target`` at the read position (softmax computed in float32 or wider)."""
+
+    name = "probability"
+
+    def __init__(self, target: Ids, pos: Ids = -1):
+        super().__init__(pos=pos)
+        self.target = _as_ids(target, "target")
+
+    def read(self, logits: Float[Tensor, "batch d_vocab"]) -> Float[Tensor, "batch"]:
+        target = per_row(self.on(self.target, logits.device), logits.shape[0], "target")[:, None]
+        return _log_probs(logits).gather(-1, target)[:, 0].exp()
+
+
+class TargetLoss(PositionMetric):
+    """Cross-entropy -log p(target) at the read position."""
+
+    name = "loss"
+
+    def __init__(self, target: Ids, pos: Ids = -1):
+        super().__init__(pos=pos)
+        self.target = _as_ids(target, "target")
+
+    def read(self, logits: Float[Tensor, "batch d_vocab"]) -> Float[Tensor, "batch"]:
+        target = per_row(self.on(self.target, logits.device), logits.shape[0], "target")[:, None]
+        return -_log_probs(logits).gather(-1, target)[:, 0]
+
+
+class Normalized(PositionMetric):
+    """(metric - corrupted) / (clean - corrupted): 1 where the clean value is restored, 0 at corrupted.
+
+    ``clean`` and ``corrupted`` are floats (e.g. batch means, as in TransformerLens notebooks) or
+    [prompt] tensors (each prompt normalised by its own values).
+    """
+
+    def __init__(self, metric: PositionMetric, clean: Union[float, Tensor], corrupted: Union[float, Tensor]):
+        if not isinstance(metric, PositionMetric):
+            raise TypeError(f"Normalized wraps a PositionMetric, got {type(metric).__name__}")
+        super().__init__(pos=metric.pos)
+        self.metric, self.name = metric, f"normalised {metric.name}"
+        self.clean = torch.as_tensor(clean, dtype=torch.float64).detach()
+        self.corrupted = torch.as_tensor(corrupted, dtype=torch.float64).detach()
+        if bool((self.clean == self.corrupted).any()):
+            raise ValueError(f"clean value {self.clean.tolist()} equals corrupted value "
+                             f"{self.corrupted.tolist()}: the normalised metric is undefined")
+
+    @classmethod
+    def from_logits(cls, metric: PositionMetric, clean_logits: Tensor, corrupted_logits: Tensor,
+                    per_prompt: bool = False) -> "Normalized":
+        """Reference values measured on the clean and corrupted logits (their means unless per_prompt)."""
+        clean, corrupted = metric(clean_logits).detach(), metric(corrupted_logits).detach()
+        if not per_prompt:
+            clean, corrupted = clean.mean(), corrupted.mean()
+        return cls(metric, clean.cpu(), corrupted.cpu())
+
+    def read(self, logits: Float[Tensor, "batch d_vocab"]) -> Float[Tensor, "batch"]:
+        value = self.metric.read(logits)
+        n, device, dtype = value.shape[0], value.device, value.dtype
+        clean = per_row(self.on(self.clean, device, dtype), n, "clean")
+        corrupted = per_row(self.on(self.corrupted, device, dtype), n, "corrupted")
+        return (value - corrupted) / (clean - corrupted)
+
+
+def _log_probs(logits: Tensor) -> Tensor:
+    wide = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    return F.log_softmax(wide, dim=-1)

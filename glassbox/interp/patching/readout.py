@@ -1,0 +1,72 @@
+"""Readout: from the residual stream leaving the last block to one metric value per variant and prompt.
+
+A ``PositionMetric`` reads one position per prompt, so only that position's residual stream is kept
+from each pass; the kept rows are unembedded together once they would fill the memory budget (and
+at the end), so the unembedding matrix is read once for many passes. Any other metric is given
+full logits [batch pos d_vocab], a budget's worth of rows at a time.
+
+Values go into one tensor on the model's device, indexed by variant; nothing here waits on it.
+"""
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from .metrics import PositionMetric
+from .runner import BaseRun, full_logits, read_resid, unembed
+
+
+class Readout:
+    def __init__(self, model, base: BaseRun, metric: Callable, read_pos, n_variants: int, memory_budget: int):
+        self.model, self.base, self.metric, self.read_pos = model, base, metric, read_pos
+        self.n_variants, self.n_prompts = n_variants, base.n_prompts
+        self.out = None
+        self.pending: list = []
+        self.pending_rows = 0
+        logits_row = 2 * 4 * model.cfg.d_vocab  # float32 logits and their log-softmax
+        whole = max(1, memory_budget // (logits_row * self.n_prompts))
+        self.rows_per_unembed = whole * self.n_prompts  # whole copies of the prompts, for tiling
+        self.variants_per_full = max(1, memory_budget // (logits_row * base.seq_len * self.n_prompts))
+
+    def add(self, final: Tensor, first: int, ids: Tensor) -> None:
+        """``final`` [variant*prompt pos-first d_model] of the variants ``ids`` (device tensor), in order."""
+        if isinstance(self.metric, PositionMetric):
+            rows = read_resid(self.base, final, first, self.read_pos.repeat(ids.shape[0]))
+            self.pending.append((rows, ids))
+            self.pending_rows += rows.shape[0]
+            if self.pending_rows >= self.rows_per_unembed:
+                self.flush()
+            return
+        P = self.n_prompts
+        for lo in range(0, ids.shape[0], self.variants_per_full):
+            hi = min(ids.shape[0], lo + self.variants_per_full)
+            logits = full_logits(self.model, self.base, final[lo * P: hi * P], first, hi - lo)
+            self.store(self.metric(logits), ids[lo:hi])
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        rows = torch.cat([r for r, _ in self.pending])
+        ids = torch.cat([i for _, i in self.pending])
+        self.pending, self.pending_rows = [], 0
+        step, P = self.rows_per_unembed, self.n_prompts
+        for lo in range(0, rows.shape[0], step):
+            logits = unembed(self.model, rows[lo: lo + step, None])[:, 0]
+            self.store(self.metric.read(logits), ids[lo // P: (lo + step) // P])
+
+    def store(self, values, ids: Tensor) -> None:
+        rows = ids.shape[0] * self.n_prompts
+        if not isinstance(values, Tensor) or values.shape != (rows,):
+            shape = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
+            raise ValueError(f"the metric returned {shape} for {rows} rows; it must return one value per row "
+                             f"[batch] (row r is prompt r % {self.n_prompts}), not a batch mean")
+        if self.out is None:
+            self.out = torch.full((self.n_variants, self.n_prompts), float("nan"), dtype=values.dtype,
+                                  device=values.device)
+        self.out[ids] = values.view(ids.shape[0], self.n_prompts).to(self.out.dtype)
+
+    def result(self) -> Tensor:
+        """[variant prompt] metric values (after a final flush)."""
+        self.flush()
+        return self.out

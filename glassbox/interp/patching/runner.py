@@ -1,0 +1,145 @@
+"""Running batches of patch variants from cached points of the corrupted run.
+
+Why it is exact: a patch in block ``L`` changes nothing before that block, and under causal
+attention a patch at position ``first`` changes nothing at earlier positions, in any layer. So a
+variant patching block ``L`` at positions >= ``first`` needs only ``blocks[L:]`` over positions
+``first:``, fed with the corrupted run's residual stream entering ``L`` and, at every later layer,
+the corrupted run's keys and values of positions < ``first`` (taken from a ``KVCache``, so after
+any rotation). Only the positions the metric reads are unembedded.
+
+Why it is fast: ``run_staggered`` makes one pass down the layers in which each variant joins the
+batch at its own layer, so the batch grows with depth; every layer's weights are read once per pass
+rather than once per layer of variants, and the unembedding is done once for many passes.
+
+Rows are variant-major: row ``v * n_prompts + b`` is prompt ``b`` under variant ``v``.
+
+Footgun: the blocks are called directly (``block(resid, positions, attn_mask, kv)``), with the
+patching hooks attached through ``model.hooks`` so they are removed even when something raises.
+"""
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from ...models import KVCache
+from ...models.kv_cache import LayerKV
+from ...models.masks import attention_mask_for, positions_for
+
+
+@dataclass
+class BaseRun:
+    """What every chunk reuses from one plain forward pass on the corrupted tokens."""
+
+    tokens: Tensor  # [prompt pos]
+    key_mask: Optional[Tensor]  # [prompt pos] bool, None when nothing is padded
+    kv: KVCache  # keys and values of every layer, after any rotation
+    acts: dict = field(default_factory=dict)  # hook name -> corrupted activation [prompt ...]
+    n_layers: int = 0
+
+    @property
+    def n_prompts(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self.tokens.shape[1]
+
+    def resid_pre(self, layer: int) -> Tensor:
+        return self.acts[f"blocks.{layer}.hook_resid_pre"]
+
+    @property
+    def final(self) -> Tensor:
+        """The residual stream leaving the last block (the final norm's input)."""
+        return self.acts[final_name(self.n_layers)]
+
+
+def final_name(n_layers: int) -> str:
+    return f"blocks.{n_layers - 1}.hook_resid_post"
+
+
+def base_run(model, tokens: Tensor, key_mask: Optional[Tensor], names: Sequence[str] = ()) -> BaseRun:
+    """One forward on the corrupted tokens, keeping keys/values, every resid_pre, the final residual
+    stream and the activations ``names``."""
+    n_layers = model.cfg.n_layers
+    wanted = [f"blocks.{L}.hook_resid_pre" for L in range(n_layers)] + [final_name(n_layers), *names]
+    acts: dict = {}
+    # The forward builds fresh tensors after each hook point, so holding references is safe.
+    hooks = [(name, lambda act, hook: acts.__setitem__(hook.name, act)) for name in dict.fromkeys(wanted)]
+    kv = KVCache(n_layers)
+    with torch.no_grad():
+        model.run_with_hooks(tokens, attention_mask=key_mask, past_kv_cache=kv, return_type=None,
+                             fwd_hooks=hooks)
+    return BaseRun(tokens, key_mask, kv, acts, n_layers=n_layers)
+
+
+def run_blocks(model, base: BaseRun, resid: Tensor, start: int, stop: int, first: int, n_variants: int,
+               hooks: Sequence = ()) -> Tensor:
+    """blocks[start:stop] over positions first: of ``n_variants`` stacked copies of the prompts.
+
+    ``resid`` [n_variants*prompt, pos-first, d_model] enters block ``start``; returns the residual
+    stream leaving block ``stop - 1`` at the same positions.
+    """
+    span = resid.shape[1]
+    key_mask = base.key_mask.repeat(n_variants, 1) if base.key_mask is not None else None
+    positions = positions_for(resid[..., 0], key_mask, first)
+    attn_mask = attention_mask_for(key_mask, span, first + span, resid.device)
+    with model.hooks(fwd_hooks=hooks):
+        for layer in range(start, stop):
+            kv = None
+            if first > 0:
+                # The prefix keys/values are the corrupted run's: no patch reaches positions < first.
+                kv = LayerKV()
+                kv.k = base.kv[layer].k[:, :first].repeat(n_variants, 1, 1, 1)
+                kv.v = base.kv[layer].v[:, :first].repeat(n_variants, 1, 1, 1)
+            resid = model.blocks[layer](resid, positions, attn_mask, kv)
+    return resid
+
+
+def run_staggered(model, base: BaseRun, first: int, joining: dict, make_hooks, stop: Optional[int] = None) -> Tensor:
+    """One pass over positions first: in which ``joining[layer]`` variants join at their layer.
+
+    ``make_hooks(layer, n_before)`` gives the hooks of that layer's block, knowing that the rows of
+    the ``n_before`` variants that joined earlier come first. Returns the residual stream leaving
+    block ``stop - 1`` (default: the last) [variant*prompt pos-first d_model], rows in joining order.
+    """
+    resid, n_variants = None, 0
+    for layer in range(min(joining), model.cfg.n_layers if stop is None else stop):
+        n_before = n_variants
+        if joining.get(layer, 0):
+            fresh = start_resid(base, layer, first, joining[layer])
+            resid = fresh if resid is None else torch.cat([resid, fresh])
+            n_variants += joining[layer]
+        hooks = make_hooks(layer, n_before)
+        resid = run_blocks(model, base, resid, layer, layer + 1, first, n_variants, hooks)
+    return resid
+
+
+def start_resid(base: BaseRun, layer: int, first: int, n_variants: int) -> Tensor:
+    """The corrupted residual stream entering ``layer`` at positions first:, once per variant."""
+    return base.resid_pre(layer)[:, first:].repeat(n_variants, 1, 1)
+
+
+def read_resid(base: BaseRun, final: Tensor, first: int, read_pos: Tensor) -> Tensor:
+    """The final residual stream [row d_model] at one absolute position per row.
+
+    ``final`` [row pos-first d_model] leaves the last block; positions before ``first`` are read
+    from the corrupted run, which no variant computed from ``first`` changed there.
+    """
+    rows = torch.arange(final.shape[0], device=final.device)
+    x = final[rows, (read_pos - first).clamp(min=0)]
+    prefix = base.final[rows % base.n_prompts, read_pos]
+    return torch.where((read_pos >= first)[:, None], x, prefix)
+
+
+def unembed(model, resid: Tensor) -> Tensor:
+    """Logits from the residual stream leaving the last block (final norm, then W_U)."""
+    return model.unembed(model.ln_final(resid))
+
+
+def full_logits(model, base: BaseRun, final: Tensor, first: int, n_variants: int) -> Tensor:
+    """Logits [row pos d_vocab] at every position (for metrics that read more than one)."""
+    if first > 0:
+        final = torch.cat([base.final[:, :first].repeat(n_variants, 1, 1), final], dim=1)
+    return unembed(model, final)
