@@ -112,3 +112,17 @@ def test_replace_derives_sizes_again():
     assert (smaller.d_head, smaller.d_mlp) == (4, 32)
     explicit = Config(d_model=12, n_layers=2, n_heads=3, d_vocab=7, n_ctx=5, d_head=5, d_mlp=7)
     assert (explicit.replace(d_model=20).d_head, explicit.replace(d_model=20).d_mlp) == (5, 7)
+
+
+def test_init_zeroes_every_bias_and_scales_residual_writers():
+    torch.manual_seed(0)
+    model = HookedTransformer(Config(d_model=64, n_layers=8, n_heads=4, d_vocab=97, n_ctx=16))
+    for name, param in model.named_parameters():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "b" or leaf.startswith("b_"):
+            assert not param.any(), f"{name} should start at zero"
+        elif leaf == "w":
+            assert (param == 1).all(), name
+    w_q, w_o = model.blocks[0].attn.W_Q, model.blocks[0].attn.W_O
+    assert 0.018 < float(w_q.std()) < 0.022
+    assert 0.018 / 4 < float(w_o.std()) < 0.022 / 4  # 0.02 / sqrt(2 * 8 layers)

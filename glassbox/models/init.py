@@ -9,7 +9,7 @@ three standard deviations, where the fans of a per-head weight count all heads t
 (W_Q [head d_model d_head]: d_model in, head * d_head out); the embeddings ~ N(0, 1) truncated to
 [-3, 3]; init_range is not used.
 
-Both: norm weights are 1, 1-d biases 0. Buffers (sinusoidal and rotary tables) are not touched.
+Both: norm weights are 1, biases 0 (per-head biases b_Q [head d_head] included). Buffers (sinusoidal and rotary tables) are not touched.
 """
 
 import math
@@ -27,7 +27,9 @@ EMBEDDINGS = ("W_E", "W_pos")
 def init_weights(model: nn.Module, cfg: Config, generator: torch.Generator = None) -> None:
     for name, param in model.named_parameters():
         leaf = name.rsplit(".", 1)[-1]
-        if param.ndim >= 2:
+        if leaf == "b" or leaf.startswith("b_"):  # biases, including the per-head [head d_head] ones
+            param.zero_()
+        elif param.ndim >= 2:
             if cfg.init_scheme == "truncated_normal":
                 truncated_normal_(param, 1.0 if leaf in EMBEDDINGS else fan_std(leaf, param), generator)
                 continue
