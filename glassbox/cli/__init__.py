@@ -4,7 +4,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("parity", "train", "attention")
+COMMANDS = ("demo", "parity", "attention", "train")
 
 
 def build_parser() -> argparse.ArgumentParser:

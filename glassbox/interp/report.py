@@ -1,0 +1,120 @@
+"""The demo report: parity, attention, head detection, logit lens and a patching sweep for one prompt.
+
+``build_report(model, prompt, answer, distractor, out_dir)`` writes ``out_dir/index.html`` (one
+offline page of plotly figures) and ``out_dir/summary.json`` (every number shown), and returns the
+summary. The patching story is induction: the prompt repeats a phrase, the clean run saw ``answer``
+after its first occurrence, the corrupted run sees ``distractor`` there instead, and the metric is
+the normalised logit difference (answer - distractor) at the last position.
+"""
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..models import HookedTransformer
+from ..weights.parity import parity_report
+from .heads import detect_head, induction_score
+from .patching import LogitDiff, Normalized, patch_resid_pre
+from .plots import attention_selector, logit_lens_plot, patching_heatmap, save_html
+
+INDUCTION_SEQ_LEN = 20
+
+
+def corrupt_first(model: HookedTransformer, tokens: torch.Tensor, answer: str, distractor: str) -> tuple:
+    """(corrupted tokens, answer id, distractor id, position replaced): the first ``answer`` token
+    of the prompt becomes ``distractor``."""
+    answer_id, distractor_id = model.to_single_token(answer), model.to_single_token(distractor)
+    hits = (tokens[0] == answer_id).nonzero().flatten().tolist()
+    if not hits:
+        raise ValueError(f"the prompt does not contain the answer token {answer!r}; the patching study corrupts "
+                         "its first occurrence, so write the prompt as '... phrase answer ... phrase'")
+    corrupted = tokens.clone()
+    corrupted[0, hits[0]] = distractor_id
+    return corrupted, answer_id, distractor_id, hits[0]
+
+
+def head_table(scores: torch.Tensor, top: int = 5) -> list:
+    flat = scores.flatten()
+    order = flat.argsort(descending=True)[:top].tolist()
+    n_heads = scores.shape[1]
+    return [{"layer": i // n_heads, "head": i % n_heads, "score": round(float(flat[i]), 4)} for i in order]
+
+
+def scores_figure(scores: torch.Tensor, title: str):
+    from .plots.common import go
+
+    fig = go().Figure(go().Heatmap(z=scores.tolist(), zmin=0.0, zmax=1.0, colorscale="Blues",
+                                   hovertemplate="layer %{y}, head %{x}: %{z:.3f}<extra></extra>"))
+    fig.update_layout(title=title, xaxis=dict(title="head", dtick=1), yaxis=dict(title="layer", dtick=1, autorange="reversed"),
+                      height=260 + 30 * scores.shape[0])
+    return fig
+
+
+def table_figure(header: list, rows: list, title: str):
+    from .plots.common import go
+
+    columns = [list(col) for col in zip(*rows)] if rows else [[] for _ in header]
+    fig = go().Figure(go().Table(header=dict(values=header, align="left"), cells=dict(values=columns, align="left")))
+    fig.update_layout(title=title, height=120 + 24 * len(rows), margin=dict(t=50, b=10))
+    return fig
+
+
+@torch.no_grad()
+def build_report(model: HookedTransformer, prompt: str, answer: str, distractor: str, out_dir,
+                 progress: bool = False) -> dict:
+    start = time.perf_counter()
+    out_dir = Path(out_dir)
+    tokens = model.to_tokens(prompt)
+    str_tokens = model.to_str_tokens(tokens[0])
+    corrupted, answer_id, distractor_id, replaced = corrupt_first(model, tokens, answer, distractor)
+
+    parity = parity_report(model, tokens)
+    logits, cache = model.run_with_cache(tokens)
+    patterns = torch.stack([cache["pattern", layer][0] for layer in range(model.cfg.n_layers)])
+
+    previous = detect_head(model, cache, "previous_token")
+    induction = induction_score(model, INDUCTION_SEQ_LEN, n_repeats=2, batch=8, seed=0)
+
+    lens, labels = cache.accumulated_resid(apply_ln=True, pos_slice=-1, return_labels=True)
+    lens_log_probs = model.unembed(lens).log_softmax(-1)[:, 0]  # [layer d_vocab] at the last position
+    lens_series = torch.stack([lens_log_probs[:, answer_id], lens_log_probs[:, distractor_id]])
+
+    diff = LogitDiff(answer_id, distractor_id, pos=-1)
+    corrupted_logits = model(corrupted)
+    metric = Normalized.from_logits(diff, logits, corrupted_logits)
+    sweep = patch_resid_pre(model, corrupted, cache, metric, progress=progress)
+
+    figures = [
+        table_figure(["stage", "max |Δ|", "max |ref|"],
+                     [[r.stage, f"{r.max_abs_diff:.2e}", f"{r.max_abs_ref:.2e}"] for r in parity],
+                     "parity with transformers (same weights, eager attention)"),
+        attention_selector(patterns, str_tokens, title="attention patterns of the prompt"),
+        scores_figure(previous, "previous-token score of each head (on the prompt)"),
+        scores_figure(induction, f"induction score of each head (repeated random tokens, {INDUCTION_SEQ_LEN} x 2)"),
+        logit_lens_plot(lens_series, labels, [f"log p({answer!r})", f"log p({distractor!r})"],
+                        title="logit lens at the last position", y_title="log probability"),
+        patching_heatmap(sweep, title=f"patching resid_pre from clean into corrupted ({metric.name}; "
+                                      f"{answer!r} vs {distractor!r} at token {replaced})"),
+    ]
+    page = save_html(figures, out_dir / "index.html", title=f"glassbox report: {model.cfg.model_name}")
+    summary = {
+        "model": {"name": model.cfg.model_name, "n_layers": model.cfg.n_layers, "d_model": model.cfg.d_model,
+                  "n_heads": model.cfg.n_heads, "d_vocab": model.cfg.d_vocab,
+                  "parameters": sum(p.numel() for p in model.parameters())},
+        "prompt": prompt, "tokens": str_tokens,
+        "parity": [{"stage": r.stage, "max_abs_diff": r.max_abs_diff, "max_abs_ref": r.max_abs_ref} for r in parity],
+        "parity_worst_relative": max(r.rel_diff for r in parity),
+        "previous_token_heads": head_table(previous),
+        "induction_heads": head_table(induction),
+        "logit_lens": {"labels": labels, "answer": answer, "distractor": distractor,
+                       "answer_log_prob": lens_series[0].tolist(), "distractor_log_prob": lens_series[1].tolist()},
+        "patching": {"activation": "resid_pre", "axes": list(sweep.axes), "corrupted_position": replaced,
+                     "clean_logit_diff": float(metric.clean), "corrupted_logit_diff": float(metric.corrupted),
+                     "values": sweep.values.cpu().tolist()},
+        "report": str(page), "seconds": round(time.perf_counter() - start, 2),
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
