@@ -233,7 +233,7 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
 
     @classmethod
     def from_hf(cls, hf_model, tokenizer=None, device=None, dtype: Optional[torch.dtype] = None):
-        """Build from an in-memory ``transformers`` GPT-2 model (same weights, no processing)."""
+        """Build from an in-memory ``transformers`` GPT-2, Llama or GPT-J model (same weights, no processing)."""
         from ..weights import from_hf
 
         return from_hf(hf_model, tokenizer=tokenizer, device=device, dtype=dtype)
@@ -257,13 +257,13 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
         return generate(self, *args, **kwargs)
 
     def to_hf(self):
-        """Export as a ``transformers.GPT2LMHeadModel`` with the same weights."""
+        """Export as the matching ``transformers`` model (GPT2LMHeadModel, LlamaForCausalLM...) with the same weights."""
         from ..weights import to_hf
 
         return to_hf(self)
 
     def save_pretrained(self, folder) -> None:
-        """Write a Hugging Face GPT-2 folder (config.json, model.safetensors, tokenizer files)."""
+        """Write a Hugging Face model folder (config.json, model.safetensors, tokenizer files)."""
         from ..weights import save_pretrained
 
         save_pretrained(self, folder)
