@@ -101,6 +101,7 @@ def test_options_and_chunking_give_identical_results():
     model = tiny()
     _, corrupted, cache = make_runs(model)
     reference = patch_resid_pre(model, corrupted, cache, METRIC)
+    assert not reference.values.requires_grad and torch.is_grad_enabled()
     sweep = Sweep(model, corrupted, None, METRIC, "mean", 50_000, False, True, 4)
     variants = [(layer, pos) for layer in range(3) for pos in range(SEQ)]
     plan = sweep.passes(variants, [pos for _, pos in variants], False)

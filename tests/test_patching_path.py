@@ -37,6 +37,7 @@ def test_frozen_path_to_logits_is_the_senders_direct_effect(setup):
     with torch.no_grad():
         expected = METRIC(model.unembed(model.ln_final(final))).mean()
     got = path_patch(model, corrupted, clean_cache, METRIC, senders, "logits", freeze_mlps=True)
+    assert not got.requires_grad
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
     unpatched = METRIC(model(corrupted)).mean()
     assert abs((got - unpatched).item()) > 1000 * ATOL

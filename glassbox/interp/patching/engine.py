@@ -202,7 +202,7 @@ class Sweep:
                     final = run_staggered(model, self.base, first, joining, make_hooks(first, ids, start))
                     readout.add(final, first, ids)
                     bar.update(len(members))
-            out = readout.result()
+                out = readout.result()
         finally:
             bar.close()
         values = out.mean(1) if self.reduce == "mean" else out

@@ -96,7 +96,7 @@ def run_paths(sweep: Sweep, clean_cache: Mapping, variants: list, receivers, fre
                 final = run_pass(sweep, [variants[i] for i in members], clean_z, receivers, freeze_mlps)
                 readout.add(final, 0, ids)
                 bar.update(len(members))
-        return readout.result()
+            return readout.result()
     finally:
         bar.close()
 

@@ -67,6 +67,6 @@ class Readout:
         self.out[ids] = values.view(ids.shape[0], self.n_prompts).to(self.out.dtype)
 
     def result(self) -> Tensor:
-        """[variant prompt] metric values (after a final flush)."""
+        """[variant prompt] metric values (after a final flush), detached."""
         self.flush()
-        return self.out
+        return self.out.detach()

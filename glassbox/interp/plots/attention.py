@@ -60,15 +60,16 @@ def attention_grid(patterns: Float[Tensor, "head query_pos key_pos"], tokens: Op
         raise ValueError(f"cols must be a positive int, got {cols!r}")
     cols = min(cols, len(heads))
     rows = -(-len(heads) // cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"head {h}" for h in heads],
-                        horizontal_spacing=0.04, vertical_spacing=0.08)
+    # Shared axes: token labels only on the outer edges, and zooming one panel zooms them all.
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"head {h}" for h in heads], shared_xaxes=True,
+                        shared_yaxes=True, horizontal_spacing=0.02, vertical_spacing=0.3 / rows)
     for i, head in enumerate(heads):
         fig.add_trace(heatmap_trace(patterns[i], labels, coloraxis="coloraxis", name=f"head {head}"),
                       row=i // cols + 1, col=i % cols + 1)
     fig.update_xaxes(**index_axis(labels))
     fig.update_yaxes(**index_axis(labels), autorange="reversed")
     fig.update_layout(title=title, coloraxis=dict(colorscale=COLOURS, cmin=0.0, cmax=1.0),
-                      height=max(300, 260 * rows))
+                      height=rows * min(600, max(260, 10 * len(labels))) + 80)
     return fig
 
 

@@ -27,7 +27,7 @@ def patching_heatmap(result: Union[PatchResult, Tensor], title: Optional[str] = 
         if result.ndim not in (2, 3):
             raise ValueError(f"patching_heatmap draws [row col] or [component row col], got shape {tuple(result.shape)}")
         result = PatchResult(result, ("component", "row", "column")[3 - result.ndim:])
-    values = result.values
+    values = result.values.detach()
     if values.ndim == 3 and result.axes[0] == "component":
         panels = [result.select("component", i) for i in range(values.shape[0])]
     elif values.ndim == 2:
