@@ -21,6 +21,8 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt", required=True, help="the text whose attention is shown")
     p.add_argument("--out", default="attention.html", help="HTML file to write (default attention.html)")
     p.add_argument("--no-bos", action="store_true", help="do not prepend the BOS token")
+    p.add_argument("--max-tokens", type=int, default=256,
+                   help="refuse longer prompts (the page holds layers x heads x tokens^2 values; default 256)")
     p.add_argument("--device", default=None, help="e.g. cuda; default: cpu")
     p.add_argument("--seed", type=int, default=0, help="seed of the random default model")
     p.set_defaults(func=run)
@@ -56,6 +58,11 @@ def run(args) -> int:
         print(f"glassbox attention: {err}", file=sys.stderr)
         return 2
     labels = model.to_str_tokens(tokens[0])
+    if len(labels) > args.max_tokens:
+        print(f"glassbox attention: the prompt is {len(labels)} tokens, more than --max-tokens={args.max_tokens}; "
+              f"the page would hold {model.cfg.n_layers * model.cfg.n_heads * len(labels) ** 2:,} values",
+              file=sys.stderr)
+        return 2
     page = attention_viewer_html(patterns_of(model, tokens), labels,
                                  title=f"attention of {model.cfg.model_name}: {len(labels)} tokens")
     out = Path(args.out)
