@@ -120,3 +120,74 @@ def test_hook_raising_at_a_later_generation_step(tiny_model, tiny_tokens, snapsh
     assert steps == [0, 1, 2], "the fault was meant to come mid-generation"
     assert_untouched(tiny_model, snapshot[0], tiny_tokens, snapshot[1])
 
+
+# -- patching sweeps ------------------------------------------------------------------------------
+def sweep_inputs(model):
+    clean = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(7))
+    corrupted = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(8))
+    _, cache = model.run_with_cache(clean)
+    return corrupted, cache
+
+
+def logit_diff(logits):
+    return logits[:, -1, 3] - logits[:, -1, 5]
+
+
+@pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt])
+def test_metric_raising_mid_sweep(tiny_model, tiny_tokens, snapshot, exc):
+    from glassbox.interp.patching import patch_resid_pre
+
+    corrupted, cache = sweep_inputs(tiny_model)
+    calls = []
+
+    def metric(logits):
+        calls.append(1)
+        if len(calls) == 3:
+            raise exc("metric")
+        return logit_diff(logits)
+
+    # A tiny memory budget splits the sweep into many chunks, so the third call is mid-sweep.
+    with pytest.raises(exc):
+        patch_resid_pre(tiny_model, corrupted, cache, metric, memory_budget=1)
+    assert len(calls) == 3
+    assert_untouched(tiny_model, snapshot[0], tiny_tokens, snapshot[1])
+
+
+@pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt])
+@pytest.mark.parametrize("sweep", ["patch_resid_pre", "patch_head_z", "patch_head_pattern_by_pos"])
+def test_hook_raising_mid_sweep(tiny_model, tiny_tokens, snapshot, exc, sweep):
+    import glassbox.interp.patching as patching
+
+    corrupted, cache = sweep_inputs(tiny_model)
+    seen = []
+
+    def third_time(act, hook):
+        seen.append(1)
+        if len(seen) == 3:
+            raise exc("hook")
+
+    with pytest.raises(exc):
+        with tiny_model.hooks([("blocks.1.hook_mlp_out", third_time)]):
+            getattr(patching, sweep)(tiny_model, corrupted, cache, logit_diff, memory_budget=1)
+    assert len(seen) == 3
+    assert_untouched(tiny_model, snapshot[0], tiny_tokens, snapshot[1])
+
+
+def test_interrupted_sweep_then_a_full_sweep_gives_the_uninterrupted_result(tiny_model):
+    """After an interrupt the model is not just clean by inspection: a sweep run again equals one
+    run on a model that was never interrupted (a fresh copy)."""
+    from glassbox.interp.patching import patch_resid_pre
+    from glassbox.models import HookedTransformer
+
+    corrupted, cache = sweep_inputs(tiny_model)
+    fresh = HookedTransformer(tiny_model.cfg, init=False)
+    fresh.load_state_dict(tiny_model.state_dict())
+    expected = patch_resid_pre(fresh.eval(), corrupted, cache, logit_diff).values
+
+    def interrupt(logits):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        patch_resid_pre(tiny_model, corrupted, cache, interrupt)
+    torch.testing.assert_close(patch_resid_pre(tiny_model, corrupted, cache, logit_diff).values, expected,
+                               atol=0, rtol=0)
