@@ -192,13 +192,19 @@ class Sweep:
         bar = progress_bar(len(variants), activation, self.progress)
         try:
             with torch.no_grad():
-                for first, members in self.passes(variants, firsts, materialised):
+                plan = self.passes(variants, firsts, materialised)
+                # Every pass's variant ids go to the device in one copy, then are only sliced.
+                all_ids = torch.tensor([i for _, members in plan for i in members], dtype=torch.long,
+                                       device=self.device)
+                offset = 0
+                for first, members in plan:
                     joining, start = {}, {}
                     for k, i in enumerate(members):
                         layer = variants[i][0]
                         joining[layer] = joining.get(layer, 0) + 1
                         start[layer] = (start.get(layer, (k, k))[0], k + 1)
-                    ids = torch.tensor(members, dtype=torch.long, device=self.device)
+                    ids = all_ids[offset: offset + len(members)]
+                    offset += len(members)
                     final = run_staggered(model, self.base, first, joining, make_hooks(first, ids, start))
                     readout.add(final, first, ids)
                     bar.update(len(members))
