@@ -21,8 +21,9 @@ How it is fast, and why each step is exact (``runner.py`` has the causal argumen
 - masks, clean values and results stay on the model's device; nothing waits on the device in the loop.
 
 Contract: ``clean_cache`` is any mapping hook name -> activation of the clean run with the corrupted
-run's shape (an ``ActivationCache`` or a dict). Hooks are attached only inside each chunk's run and
-removed even when a hook, the metric or a KeyboardInterrupt interrupts; weights are never written.
+run's shape (an ``ActivationCache`` or a dict). Hooks are attached only while one block of a pass
+runs and are removed even when a hook, the metric or a KeyboardInterrupt interrupts; weights are
+never written.
 """
 
 import itertools
