@@ -67,3 +67,20 @@ def test_other_architectures_train_and_keep_their_checkpoint(tmp_path, trained):
     cfg, state, _ = load_checkpoint(out / "checkpoint")
     assert cfg.positional == "sinusoidal" and cfg.norm_placement == "post" and cfg.n_layers == 2
     assert not (out / "model.safetensors").exists()
+
+
+def test_untied_model_exports_with_its_own_unembedding(tmp_path, trained):
+    from transformers import GPT2LMHeadModel
+
+    out = tmp_path / "untied"
+    args = ARGS[:ARGS.index("--steps")] + ["--steps", "2", "--batch-size", "2", "--no-progress", "--untied",
+                                          "--init-range", "0.05"]
+    assert main(["train", "--text", str(trained.parent / "text.txt"), "--out", str(out), *args]) == 0
+    model = HookedTransformer.from_pretrained(str(out))
+    hf = GPT2LMHeadModel.from_pretrained(str(out)).eval()
+    assert not model.cfg.tied_unembed and not hf.config.tie_word_embeddings
+    assert model.cfg.init_range == 0.05
+    assert not torch.equal(model.W_U, model.W_E.T)
+    tokens = torch.tensor([[306, 5, 17, 200, 42]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), hf(tokens).logits, atol=1e-5, rtol=0)

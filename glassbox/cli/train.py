@@ -34,6 +34,7 @@ def add_parser(sub) -> None:
     p.add_argument("--n-ctx", type=int, default=128)
     p.add_argument("--init-range", type=float, default=None,
                    help="std of the initial weight matrices (default: the preset's; GPT-2 uses 0.02)")
+    p.add_argument("--untied", action="store_true", help="a separate unembedding matrix instead of W_E's transpose")
     p.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary, <|endoftext|> included")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch-size", type=int, default=32)
@@ -91,6 +92,8 @@ def run(args) -> int:
         print(f"resuming at step {trainer.step} of {trainer.config.steps}")
     else:
         init = {} if args.init_range is None else {"init_range": args.init_range}
+        if args.untied:
+            init["tied_unembed"] = False
         cfg = preset_config(args.arch, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
                             d_vocab=len(tokenizer), n_ctx=args.n_ctx, model_name=out.name, **init)
         warmup = min(100, args.steps // 10) if args.warmup_steps is None else args.warmup_steps
@@ -123,4 +126,4 @@ def run(args) -> int:
 def _gpt2_like(cfg) -> bool:
     return cfg == preset_config("gpt2", d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
                                 d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx, model_name=cfg.model_name,
-                                init_range=cfg.init_range)
+                                init_range=cfg.init_range, tied_unembed=cfg.tied_unembed)
