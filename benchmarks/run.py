@@ -18,20 +18,23 @@ import statistics
 import sys
 import time
 
-import torch
+# TransformerLens's sweep draws a progress bar; tqdm reads this when first imported (torch imports it).
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-os.environ.setdefault("TQDM_DISABLE", "1")  # TransformerLens's sweep and transformers' loaders draw progress bars
 
 import cases  # noqa: E402
 import memory  # noqa: E402
 import sweep  # noqa: E402
 from peers import build_peers  # noqa: E402
 
-FULL = dict(rounds=7, forward=[(1, 16), (1, 128), (8, 128), (1, 1024)], cache=[(1, 16), (1, 128), (8, 128), (1, 1024)],
-            patterns=[(1, 128), (8, 128)], noop=[(1, 128), (8, 128)], sweep_rounds=5, load_rounds=5, memory=(8, 1024))
+SHAPES = [(1, 16), (1, 128), (8, 128), (1, 1024)]
+FULL = dict(rounds=7, forward=SHAPES, cache=SHAPES, patterns=[(1, 128), (8, 128)], noop=[(1, 128), (8, 128)],
+            sweep_rounds=5, load_rounds=5, memory=[(8, 1024), (4, 1024)])
 QUICK = dict(rounds=3, forward=[(1, 16), (1, 128)], cache=[(1, 16)], patterns=[(1, 16)], noop=[(1, 16)],
-             sweep_rounds=2, load_rounds=2, memory=(2, 256))
+             sweep_rounds=2, load_rounds=2, memory=[(2, 256)])
 PEERS = ("glassbox", "transformers", "TransformerLens")
 
 
@@ -141,16 +144,16 @@ def main(argv=None) -> int:
         record(cases.load_time(p, args.rounds or plan["load_rounds"]))
     mem = []
     if want("memory") and not args.no_memory:
-        batch, pos = plan["memory"]
-        predicted = p.glassbox.cache_size((batch, pos)) + sum(t.nbytes for t in p.glassbox.parameters())
-        for peer in ("glassbox", "TransformerLens") if p.tl is not None else ("glassbox",):
-            mem.append(memory.measure(peer, args.shape, batch, pos, args.threads, sys.executable, predicted))
-            print(memory_table(mem[-1:]), flush=True)
+        for batch, pos in plan["memory"]:
+            predicted = p.glassbox.cache_size((batch, pos)) + sum(t.nbytes for t in p.glassbox.parameters())
+            for peer in ("glassbox", "TransformerLens") if p.tl is not None else ("glassbox",):
+                mem.append(memory.measure(peer, args.shape, batch, pos, args.threads, sys.executable, predicted))
+                print(memory_table(mem[-1:]), flush=True)
 
     print("\n" + table(results))
     if mem:
         print(memory_table(mem))
-    out = {"machine": info, "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+    out = {"machine": info, "command": " ".join([sys.executable] + sys.argv),
            "shape": args.shape, "seed": args.seed, "quick": args.quick, "seconds": time.time() - started,
            "cases": results, "memory": mem}
     for r in results:
