@@ -15,6 +15,15 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 PYTORCH_BIN = "pytorch_model.bin"
 
 
+def weights_file(folder: Path) -> Path:
+    """The file ``read_state_dict`` reads: model.safetensors, else its index, else pytorch_model.bin."""
+    folder = Path(folder)
+    for name in (SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN):
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"no weights in {folder}: expected {SAFETENSORS}, {SAFETENSORS_INDEX} or {PYTORCH_BIN}")
+
+
 def read_state_dict(folder: Path) -> dict:
     """The tensors of a Hugging Face model folder, on the CPU."""
     folder = Path(folder)

@@ -12,7 +12,7 @@ from typing import Optional, Union
 import torch
 
 from ..models import Config, HookedTransformer
-from .files import read_config, read_state_dict
+from .files import read_config, read_state_dict, weights_file
 from .architectures import architecture_of_config, architecture_of_type
 from .gpt2 import config_from_hf
 from .processing import STEPS, process
@@ -27,6 +27,8 @@ HUB_MODELS = {
 }
 HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "vocab.json", "merges.txt",
              "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+# The model every command uses unless told otherwise: trained by glassbox, shipped in the package.
+DEFAULT_MODEL = "glassbox-austen"
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
 TOKENIZER_FILES = ("vocab.json", "tokenizer.json")
 
@@ -90,7 +92,7 @@ def load_folder(folder: Path, device=None, dtype: torch.dtype = torch.float32,
     arch = architecture_of_type(config.get("model_type"), source=str(folder / "config.json"))
     hf_config = getattr(transformers, arch.hf_config_class).from_dict(config)
     cfg = arch.config_from(hf_config).replace(model_name=folder.name)
-    state = arch.to_glassbox(read_state_dict(folder), cfg, source=str(folder))
+    state = arch.to_glassbox(read_state_dict(folder), cfg, source=str(weights_file(folder)))
     if tokenizer is None and any((folder / f).is_file() for f in TOKENIZER_FILES):
         from transformers import AutoTokenizer
 
