@@ -124,12 +124,12 @@ def close(a, b, atol=1e-4) -> bool:
 def test_viewer_page_in_headless_chromium(tmp_path):
     browser = find_browser()
     out = tmp_path / "view.html"
-    assert cli_main(["attention", "--prompt", PROMPT, "--out", str(out)]) == 0
+    assert cli_main(["attention", "--model", "random", "--prompt", PROMPT, "--out", str(out)]) == 0
     source = out.read_text(encoding="utf-8")
     assert "<script src" not in source and "<link" not in source, "the page must not load anything"
 
     # The expected patterns, computed here from the same seeded default model.
-    model = build_model(None, None, seed=0)
+    model = build_model("random", None, seed=0)
     tokens = model.to_tokens(PROMPT)
     patterns = patterns_of(model, tokens).to(torch.float64)
     labels = model.to_str_tokens(tokens[0])

@@ -2,8 +2,8 @@
 
     glassbox attention --model NAME_OR_PATH --prompt "..." --out view.html
 
-Without ``--model`` the page shows a seeded random tiny GPT-2 (with GPT-2's tokenizer), which needs
-no download: useful to try the viewer, meaningless as a model.
+Without ``--model`` the page shows the shipped model (glassbox-austen); ``--model random`` shows a
+seeded random tiny GPT-2 (with GPT-2's tokenizer): useful to try the viewer, meaningless as a model.
 """
 
 import sys
@@ -11,13 +11,16 @@ from pathlib import Path
 
 import torch
 
+from ..weights.pretrained import DEFAULT_MODEL
+
 TINY = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=50257, n_ctx=256)
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("attention", help="write an offline HTML viewer of a prompt's attention patterns")
-    p.add_argument("--model", default=None,
-                   help="hub name (gpt2, ...), folder or shipped model; default: a seeded random tiny GPT-2")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"hub name (gpt2, ...), folder, shipped model (default {DEFAULT_MODEL}), "
+                        "or 'random' for a seeded random tiny GPT-2")
     p.add_argument("--prompt", required=True, help="the text whose attention is shown")
     p.add_argument("--out", default="attention.html", help="HTML file to write (default attention.html)")
     p.add_argument("--no-bos", action="store_true", help="do not prepend the BOS token")
@@ -32,7 +35,7 @@ def build_model(name, device, seed: int):
     from ..models import Config, HookedTransformer
     from ..models.init import init_weights
 
-    if name is not None:
+    if name not in (None, "random"):
         return HookedTransformer.from_pretrained(name, device=device)
     cfg = Config(**TINY, model_name="random tiny gpt2")
     model = HookedTransformer(cfg, init=False, device=device)

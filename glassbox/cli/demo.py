@@ -1,6 +1,7 @@
 """``glassbox demo``: the whole story on one model, written to DIR/index.html and DIR/summary.json."""
 
-DEFAULT_MODEL = "glassbox-austen"
+from ..weights.pretrained import DEFAULT_MODEL
+
 DEFAULT_PROMPT = ("Elizabeth read the letter again, and then walked to the window. When Jane came in, "
                   "Elizabeth read the")
 

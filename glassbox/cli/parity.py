@@ -4,13 +4,16 @@ import time
 
 import torch
 
+from ..weights.pretrained import DEFAULT_MODEL
+
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("parity", help="compare glassbox with transformers, stage by stage")
-    p.add_argument("--model", default=None,
-                   help="hub name (gpt2, ...), folder or shipped model; default: a random GPT-2-small-shape model")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"hub name (gpt2, ...), folder, shipped model (default {DEFAULT_MODEL}), "
+                        "or 'random' for a seeded random GPT-2-small-shape model")
     p.add_argument("--prompt", default="The quick brown fox jumps over the lazy dog. The quick brown fox")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--device", default=None, help="e.g. cuda; default: cpu")
@@ -22,7 +25,7 @@ def build_model(name, device, dtype, seed):
     from ..models import HookedTransformer
     from ..weights import hub_config
 
-    if name is not None:
+    if name != "random":
         return HookedTransformer.from_pretrained(name, device=device, dtype=dtype)
     torch.manual_seed(seed)
     return HookedTransformer(hub_config("gpt2").replace(model_name="random gpt2"), device=device, dtype=dtype)
