@@ -7,10 +7,11 @@ merges.txt) that ``transformers`` and ``HookedTransformer.from_pretrained(DIR)``
 
 ``--arch`` picks a preset of ``glassbox.models.presets``; only ``gpt2`` exports to a Hugging Face
 folder, the others keep their weights in ``checkpoint/``. The tokenizer is trained on the training
-part of the text only; the last ``--heldout-frac`` of
-the text is held out for evaluation.
+part of the text only; the last ``--heldout-frac`` of the text is held out for evaluation.
+Runs are bit-for-bit repeatable on the CPU for a given seed and ``--threads``.
 """
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -91,11 +92,11 @@ def run(args) -> int:
                                  device=args.device, **common)
         print(f"resuming at step {trainer.step} of {trainer.config.steps}")
     else:
-        init = {} if args.init_range is None else {"init_range": args.init_range}
+        overrides = {} if args.init_range is None else {"init_range": args.init_range}
         if args.untied:
-            init["tied_unembed"] = False
+            overrides["tied_unembed"] = False
         cfg = preset_config(args.arch, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-                            d_vocab=len(tokenizer), n_ctx=args.n_ctx, model_name=out.name, **init)
+                            d_vocab=len(tokenizer), n_ctx=args.n_ctx, model_name=out.name, **overrides)
         warmup = min(100, args.steps // 10) if args.warmup_steps is None else args.warmup_steps
         config = TrainConfig(
             steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=warmup,
@@ -116,7 +117,7 @@ def run(args) -> int:
     summary = {"steps": trainer.step, "tokens_seen": tokens_seen,
                "heldout_loss": trainer.history["eval"][-1][1],
                "unigram_heldout_loss": unigram_loss(train_stream, heldout_stream, len(tokenizer)),
-               "train_config": trainer.state()["train_config"], "model_config": trainer.model.cfg.to_dict()}
+               "train_config": dataclasses.asdict(trainer.config), "model_config": trainer.model.cfg.to_dict()}
     (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     print(f"held-out loss {summary['heldout_loss']:.4f} nats/token (unigram baseline "
           f"{summary['unigram_heldout_loss']:.4f}); {where} [{time.perf_counter() - start:.0f} s]")
