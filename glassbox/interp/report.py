@@ -76,7 +76,7 @@ def build_report(model: HookedTransformer, prompt: str, answer: str, distractor:
     patterns = torch.stack([cache["pattern", layer][0] for layer in range(model.cfg.n_layers)])
 
     previous = detect_head(model, cache, "previous_token")
-    induction = induction_score(model, INDUCTION_SEQ_LEN, n_repeats=2, batch=8, seed=0)
+    induction = induction_score(model, INDUCTION_SEQ_LEN, n_repeats=2, batch=8, seed=0, bos_token_id=model.bos_token_id)
 
     lens, labels = cache.accumulated_resid(apply_ln=True, pos_slice=-1, return_labels=True)
     lens_log_probs = model.unembed(lens).log_softmax(-1)[:, 0]  # [layer d_vocab] at the last position
@@ -93,7 +93,7 @@ def build_report(model: HookedTransformer, prompt: str, answer: str, distractor:
                      "parity with transformers (same weights, eager attention)"),
         attention_selector(patterns, str_tokens, title="attention patterns of the prompt"),
         scores_figure(previous, "previous-token score of each head (on the prompt)"),
-        scores_figure(induction, f"induction score of each head (repeated random tokens, {INDUCTION_SEQ_LEN} x 2)"),
+        scores_figure(induction, f"induction score of each head (BOS + random tokens, {INDUCTION_SEQ_LEN} x 2)"),
         logit_lens_plot(lens_series, labels, [f"log p({answer!r})", f"log p({distractor!r})"],
                         title="logit lens at the last position", y_title="log probability"),
         patching_heatmap(sweep, title=f"patching resid_pre from clean into corrupted ({metric.name}; "
