@@ -49,3 +49,11 @@ def test_demo_writes_report_whose_numbers_hold(gpt2_vocab_folder, tmp_path):
     heads = summary["induction_heads"]
     assert len(heads) == 5 and all(0.0 <= h["score"] <= 1.0 for h in heads)
     assert heads == sorted(heads, key=lambda h: -h["score"])
+
+
+def test_shipped_model_is_every_commands_default():
+    from glassbox.cli import build_parser
+
+    parser = build_parser()
+    for argv in (["demo"], ["parity"], ["attention", "--prompt", "x"]):
+        assert parser.parse_args(argv).model == "glassbox-austen", argv

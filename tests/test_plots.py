@@ -136,14 +136,14 @@ def test_attention_command_writes_the_page_and_refuses_bad_requests(tmp_path, ca
     from glassbox.cli.attention import TINY, build_model, patterns_of
 
     out = tmp_path / "view.html"
-    assert main(["attention", "--prompt", "a b a", "--out", str(out)]) == 0
+    assert main(["attention", "--model", "random", "--prompt", "a b a", "--out", str(out)]) == 0
     page = out.read_text(encoding="utf-8")
     assert page.count('<option value="') == TINY["n_layers"] + TINY["n_heads"]
-    model = build_model(None, None, seed=0)
+    model = build_model("random", None, seed=0)
     expected = patterns_of(model, model.to_tokens("a b a"))
     embedded = json.loads(re.search(r"var patterns = (.*?);  //", page).group(1))
     torch.testing.assert_close(torch.tensor(embedded), expected, atol=1e-5, rtol=0)
-    assert main(["attention", "--prompt", "a b c d e f", "--max-tokens", "4", "--out", str(out)]) == 2
+    assert main(["attention", "--model", "random", "--prompt", "a b c d e f", "--max-tokens", "4", "--out", str(out)]) == 2
     assert "more than --max-tokens=4" in capsys.readouterr().err
     assert main(["attention", "--model", str(tmp_path / "missing"), "--prompt", "a", "--out", str(out)]) == 2
     assert "missing" in capsys.readouterr().err
