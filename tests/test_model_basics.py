@@ -124,5 +124,5 @@ def test_init_zeroes_every_bias_and_scales_residual_writers():
         elif leaf == "w":
             assert (param == 1).all(), name
     w_q, w_o = model.blocks[0].attn.W_Q, model.blocks[0].attn.W_O
-    assert 0.018 < float(w_q.std()) < 0.022
-    assert 0.018 / 4 < float(w_o.std()) < 0.022 / 4  # 0.02 / sqrt(2 * 8 layers)
+    assert 0.018 < float(w_q.detach().std()) < 0.022
+    assert 0.018 / 4 < float(w_o.detach().std()) < 0.022 / 4  # 0.02 / sqrt(2 * 8 layers)
