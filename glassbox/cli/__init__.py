@@ -10,7 +10,7 @@ COMMANDS = ("demo", "parity", "attention", "train")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="glassbox", description="glassbox: a hooked, tested GPT-2 for mechanistic interpretability. "
-        "Every command uses the shipped glassbox-austen model unless --model says otherwise.")
+        "demo, parity and attention use the shipped glassbox-austen model unless --model says otherwise.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").add_parser(sub)
