@@ -12,7 +12,7 @@ from typing import Mapping
 import torch
 from torch import Tensor
 
-from ..models import Config
+from ..models import Config, HookedTransformer
 
 SUPPORTED_ACTIVATIONS = ("gelu_new", "gelu", "relu", "silu")
 
@@ -65,21 +65,10 @@ def config_to_hf(cfg: Config):
 
 
 def expected_shapes(cfg: Config) -> dict:
-    """Our state-dict keys and their shapes for a GPT-2-architecture config."""
-    D, H, Dh, M, V = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_mlp, cfg.d_vocab
-    shapes = {"embed.W_E": (V, D), "pos_embed.W_pos": (cfg.n_ctx, D), "ln_final.w": (D,), "ln_final.b": (D,)}
-    for L in range(cfg.n_layers):
-        p = f"blocks.{L}."
-        shapes.update({
-            p + "ln1.w": (D,), p + "ln1.b": (D,), p + "ln2.w": (D,), p + "ln2.b": (D,),
-            p + "attn.W_Q": (H, D, Dh), p + "attn.W_K": (H, D, Dh), p + "attn.W_V": (H, D, Dh),
-            p + "attn.W_O": (H, Dh, D), p + "attn.b_Q": (H, Dh), p + "attn.b_K": (H, Dh),
-            p + "attn.b_V": (H, Dh), p + "attn.b_O": (D,),
-            p + "mlp.W_in": (D, M), p + "mlp.b_in": (M,), p + "mlp.W_out": (M, D), p + "mlp.b_out": (D,),
-        })
-    if not cfg.tied_unembed:
-        shapes["unembed.W_U_T"] = (V, D)
-    return shapes
+    """Our state-dict keys and their shapes for ``cfg``, read off the model itself (built on the meta
+    device, so nothing is allocated): one source of truth for every architecture's converter."""
+    model = HookedTransformer(cfg, init=False, device="meta")
+    return {key: tuple(value.shape) for key, value in model.state_dict().items()}
 
 
 def hf_expected_shapes(cfg: Config) -> dict:

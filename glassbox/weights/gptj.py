@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ..models import Config
-from .gpt2 import check_shapes
+from .gpt2 import check_shapes, expected_shapes
 
 GPTJ_OPTIONS = dict(normalization="LN", norm_placement="pre", parallel_attn_mlp=True, positional="rotary",
                     rotary_style="interleaved", rotary_base=10000.0, gated_mlp=False, use_bias=True,
@@ -57,24 +57,6 @@ def config_to_gptj(cfg: Config):
         layer_norm_epsilon=cfg.layer_norm_eps, initializer_range=cfg.init_range,
         tie_word_embeddings=cfg.tied_unembed, bos_token_id=min(50256, last), eos_token_id=min(50256, last),
     )
-
-
-def expected_shapes(cfg: Config) -> dict:
-    """Our state-dict keys and their shapes for a GPT-J-architecture config."""
-    D, H, Dh, M, V = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_mlp, cfg.d_vocab
-    shapes = {"embed.W_E": (V, D), "ln_final.w": (D,), "ln_final.b": (D,), "unembed.b_U": (V,)}
-    for L in range(cfg.n_layers):
-        p = f"blocks.{L}."
-        shapes.update({
-            p + "ln1.w": (D,), p + "ln1.b": (D,),
-            p + "attn.W_Q": (H, D, Dh), p + "attn.W_K": (H, D, Dh), p + "attn.W_V": (H, D, Dh),
-            p + "attn.W_O": (H, Dh, D), p + "attn.b_Q": (H, Dh), p + "attn.b_K": (H, Dh),
-            p + "attn.b_V": (H, Dh), p + "attn.b_O": (D,),
-            p + "mlp.W_in": (D, M), p + "mlp.b_in": (M,), p + "mlp.W_out": (M, D), p + "mlp.b_out": (D,),
-        })
-    if not cfg.tied_unembed:
-        shapes["unembed.W_U_T"] = (V, D)
-    return shapes
 
 
 def hf_expected_shapes(cfg: Config) -> dict:

@@ -12,7 +12,7 @@ from typing import Mapping
 from torch import Tensor
 
 from ..models import Config
-from .gpt2 import check_shapes
+from .gpt2 import check_shapes, expected_shapes
 
 LLAMA_OPTIONS = dict(normalization="RMS", norm_placement="pre", positional="rotary", rotary_style="half",
                      act_fn="silu", gated_mlp=True, use_bias=False, unembed_bias=False,
@@ -66,22 +66,6 @@ def config_to_llama(cfg: Config):
         rope_parameters={"rope_type": "default", "rope_theta": cfg.rotary_base},
         bos_token_id=min(1, last), eos_token_id=min(2, last),
     )
-
-
-def expected_shapes(cfg: Config) -> dict:
-    """Our state-dict keys and their shapes for a Llama-architecture config."""
-    D, H, Dh, M, V = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_mlp, cfg.d_vocab
-    shapes = {"embed.W_E": (V, D), "ln_final.w": (D,)}
-    for L in range(cfg.n_layers):
-        p = f"blocks.{L}."
-        shapes.update({
-            p + "ln1.w": (D,), p + "ln2.w": (D,), p + "attn.W_Q": (H, D, Dh), p + "attn.W_K": (H, D, Dh),
-            p + "attn.W_V": (H, D, Dh), p + "attn.W_O": (H, Dh, D),
-            p + "mlp.W_gate": (D, M), p + "mlp.W_in": (D, M), p + "mlp.W_out": (M, D),
-        })
-    if not cfg.tied_unembed:
-        shapes["unembed.W_U_T"] = (V, D)
-    return shapes
 
 
 def hf_expected_shapes(cfg: Config) -> dict:
