@@ -14,6 +14,14 @@ TINY = dict(n_layer=2, n_embd=15, n_head=3, n_inner=22, vocab_size=29, n_positio
 SMALL = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)
 
 
+@torch.no_grad()
+def perturb_vectors(model) -> None:
+    """Move every 1-d parameter (norm weights and biases) away from 1 and 0, so a dropped one shows."""
+    for param in model.parameters():
+        if param.ndim == 1:
+            param.add_(0.3 * torch.randn_like(param))
+
+
 def make_hf_gpt2(seed: int = 0, dtype=torch.float32, **sizes):
     """A ``transformers.GPT2LMHeadModel`` (eager attention) with seeded random, perturbed weights."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -23,10 +31,7 @@ def make_hf_gpt2(seed: int = 0, dtype=torch.float32, **sizes):
     config = GPT2Config(**sizes, attn_implementation="eager", bos_token_id=min(50256, last),
                         eos_token_id=min(50256, last))
     model = GPT2LMHeadModel(config)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.ndim == 1:
-                param.add_(0.3 * torch.randn_like(param))
+    perturb_vectors(model)
     return model.to(dtype).eval()
 
 

@@ -6,6 +6,7 @@ full forward of the corrupted tokens overwrites the indexed slice with the clean
 
 import torch
 
+from conftest import perturb_vectors
 from glassbox.models import HookedTransformer
 from glassbox.models.presets import preset_config
 
@@ -62,8 +63,5 @@ def tiny_model(preset: str = "gpt2", dtype=torch.float32, device=None, **changes
     cfg = preset_config(preset, **{**SIZES, **changes})
     torch.manual_seed(0)
     model = HookedTransformer(cfg, dtype=dtype, device=device).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.ndim == 1:
-                param.add_(0.3 * torch.randn_like(param))
+    perturb_vectors(model)
     return model

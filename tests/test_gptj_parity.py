@@ -8,6 +8,7 @@ perturbed; rotary_dim 6 of d_head 8 checks that the unrotated dims pass through.
 import pytest
 import torch
 
+from conftest import perturb_vectors
 from glassbox.models import HookedTransformer
 from glassbox.weights.gptj import config_from_gptj, config_to_gptj, glassbox_to_gptj, gptj_to_glassbox
 
@@ -21,10 +22,7 @@ def make_hf_gptj(seed=0):
     config = GPTJConfig(**SIZES, initializer_range=0.3, attn_implementation="eager", bos_token_id=0,
                         eos_token_id=0)
     model = GPTJForCausalLM(config)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.ndim == 1:
-                param.add_(0.3 * torch.randn_like(param))
+    perturb_vectors(model)
     return model.eval()
 
 

@@ -9,6 +9,7 @@ catches a head axis confused with d_model.
 import pytest
 import torch
 
+from conftest import perturb_vectors
 from glassbox.models import HookedTransformer
 from glassbox.weights.llama import (config_from_llama, config_to_llama, glassbox_to_llama,
                                     llama_to_glassbox)
@@ -25,10 +26,7 @@ def make_hf_llama(seed=0, tied=False, rope_theta=500.0):
                          rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
                          attn_implementation="eager", bos_token_id=1, eos_token_id=2)
     model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.ndim == 1:
-                param.add_(0.3 * torch.randn_like(param))
+    perturb_vectors(model)
     return model.eval()
 
 
