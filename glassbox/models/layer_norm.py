@@ -1,8 +1,9 @@
 """LayerNorm with TransformerLens's hook points.
 
 ``hook_scale`` [batch pos 1] is sqrt(var + eps), the divisor; ``hook_normalized`` is the output after
-the weight w and bias b. When nothing is attached to ``hook_scale``, the fused kernel computes the same
-numbers (to float rounding) without materialising the scale.
+the weight w and bias b. The output comes from the fused kernel unless a hook on ``hook_scale`` replaced
+or edited the scale; only then is it recomputed from the hooked scale. So caching the scale changes no
+bit of the output and allocates no [batch pos d_model] temporaries (see ``norm_scale.py``).
 """
 
 import torch
@@ -12,6 +13,7 @@ from torch import Tensor, nn
 
 from ..hooks import HookPoint
 from .config import Config
+from .norm_scale import hooked_scale
 
 
 class LayerNorm(nn.Module):
@@ -24,11 +26,10 @@ class LayerNorm(nn.Module):
         self.hook_normalized = HookPoint()
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        if not self.hook_scale.has_hooks:
-            return self.hook_normalized(F.layer_norm(x, x.shape[-1:], self.w, self.b, self.eps))
-        centered = x - x.mean(-1, keepdim=True)
-        scale = self.hook_scale((centered.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        out = centered / scale * self.w
-        if self.b is not None:
-            out = out + self.b
-        return self.hook_normalized(out)
+        if self.hook_scale.has_hooks:
+            scale = (x.var(-1, correction=0, keepdim=True) + self.eps).sqrt()
+            hooked = hooked_scale(self.hook_scale, scale)
+            if hooked is not None:
+                out = (x - x.mean(-1, keepdim=True)) / hooked * self.w
+                return self.hook_normalized(out + self.b if self.b is not None else out)
+        return self.hook_normalized(F.layer_norm(x, x.shape[-1:], self.w, self.b, self.eps))

@@ -1,8 +1,8 @@
 """RMSNorm (Llama's normalisation) with the same hook points as LayerNorm.
 
 out = x / sqrt(mean(x^2) + eps) * w: no centering and no bias. ``hook_scale`` [batch pos 1] is the
-divisor sqrt(mean(x^2) + eps); ``hook_normalized`` the output after w. When nothing is attached to
-``hook_scale`` the fused kernel computes the same numbers (to float rounding).
+divisor sqrt(mean(x^2) + eps); ``hook_normalized`` the output after w. As in LayerNorm, the fused
+kernel computes the output unless a hook on ``hook_scale`` replaced or edited the scale.
 
 Footgun: RMSNorm does not remove the mean, so weight processing that relies on centering
 (``center_writing_weights``) does not apply to models that use it.
@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from ..hooks import HookPoint
 from .config import Config
+from .norm_scale import hooked_scale
 
 
 class RMSNorm(nn.Module):
@@ -26,7 +27,9 @@ class RMSNorm(nn.Module):
         self.hook_normalized = HookPoint()
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        if not self.hook_scale.has_hooks:
-            return self.hook_normalized(F.rms_norm(x, x.shape[-1:], self.w, self.eps))
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(x / scale * self.w)
+        if self.hook_scale.has_hooks:
+            mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.shape[-1]
+            hooked = hooked_scale(self.hook_scale, (mean_square + self.eps).sqrt())
+            if hooked is not None:
+                return self.hook_normalized(x / hooked * self.w)
+        return self.hook_normalized(F.rms_norm(x, x.shape[-1:], self.w, self.eps))
