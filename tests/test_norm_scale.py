@@ -34,9 +34,10 @@ TOKENS = torch.tensor([[3, 14, 15, 9, 26, 5, 3, 5, 8]])
 
 
 @pytest.mark.parametrize("preset", ["gpt2", "modern"])
-def test_reading_the_scale_leaves_every_bit_of_the_output(preset):
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_reading_the_scale_leaves_every_bit_of_the_output(preset, mode):
     model = model_for(preset)
-    with torch.no_grad():
+    with mode():
         plain = model(TOKENS)
         logits, cache = model.run_with_cache(TOKENS, names_filter=SCALES)
     assert torch.equal(logits, plain)
@@ -51,7 +52,8 @@ def test_reading_the_scale_leaves_every_bit_of_the_output(preset):
 
 @pytest.mark.parametrize("preset", ["gpt2", "modern"])
 @pytest.mark.parametrize("edit", ["replace", "in_place"])
-def test_an_edited_scale_is_used(preset, edit):
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])  # inference tensors: no version counter
+def test_an_edited_scale_is_used(preset, edit, mode):
     model = model_for(preset)
     norm = model.blocks[1].ln2
     seen = {}
@@ -65,14 +67,14 @@ def test_an_edited_scale_is_used(preset, edit):
     def keep_input(x, hook):
         seen["x"] = x.clone()
 
-    with torch.no_grad(), model.hooks([("blocks.1.hook_resid_mid", keep_input), ("blocks.1.ln2.hook_scale", double),
+    with mode(), model.hooks([("blocks.1.hook_resid_mid", keep_input), ("blocks.1.ln2.hook_scale", double),
                                         ("blocks.1.ln2.hook_normalized", lambda out, hook: seen.update(out=out))]):
         edited_logits = model(TOKENS)
         plain_logits = model(TOKENS)  # hooks still attached: same edit, same result
     assert torch.equal(edited_logits, plain_logits)
     expected = textbook(preset, norm, seen["x"], 2 * seen["scale"])
     torch.testing.assert_close(seen["out"], expected, atol=1e-12, rtol=0)
-    with torch.no_grad():
+    with mode():
         unedited = model(TOKENS)
     assert float((unedited - edited_logits).abs().max()) > 1e-3  # the edit reached the logits
 

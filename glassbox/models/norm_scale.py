@@ -10,14 +10,19 @@ scale on the autograd path to the output, so it too gets the recomputed output.
 
 from typing import Optional
 
+import torch
 from torch import Tensor
 
 
 def hooked_scale(hook_point, scale: Tensor) -> Optional[Tensor]:
     """The scale after ``hook_point`` if a hook replaced or edited it, else None."""
-    version = scale._version  # bumped by every in-place edit
+    # The version counter is bumped by every in-place edit. Inference-mode tensors have none, so
+    # there the (tiny, [batch pos 1]) scale is compared with a copy instead.
+    tracked = not scale.is_inference()
+    before = scale._version if tracked else scale.clone()
     hooked = hook_point(scale)
-    needs_grad_path = bool(hook_point.bwd_hooks) and hooked.requires_grad
-    if hooked is scale and scale._version == version and not needs_grad_path:
-        return None
+    if hooked is scale and not (hook_point.bwd_hooks and hooked.requires_grad):
+        unchanged = scale._version == before if tracked else torch.equal(scale, before)
+        if unchanged:
+            return None
     return hooked
