@@ -1,6 +1,6 @@
 """Find induction heads on repeated random tokens, plot their patterns and a patching sweep.
 
-    python examples/induction_heads.py [--model gpt2] [--out induction_heads.html]
+    python examples/induction_heads.py [--model glassbox-austen] [--out induction_heads.html]
 
 An induction head attends from a token to the token that followed that token's previous occurrence,
 and copies it: on a random sequence repeated twice, it predicts the whole second half. Steps:
@@ -12,7 +12,8 @@ and copies it: on a random sequence repeated twice, it predicts the whole second
    restores the logit of the token the repetition predicts: a layer x head heatmap, plus the
    residual stream by layer and position.
 
-``--model`` takes a hub name, a folder or a shipped model; ``--model random`` runs the pipeline on a
+``--model`` takes a shipped model (the default, ``glassbox-austen``, whose layer 1 head 0 is an
+induction head), a hub name such as ``gpt2``, or a folder; ``--model random`` runs the pipeline on a
 seeded random GPT-2-shaped model, which has no induction heads (a smoke test, not a finding).
 """
 
@@ -36,7 +37,7 @@ def load(name: str, device):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="gpt2", help="hub name, folder, shipped model, or 'random'")
+    parser.add_argument("--model", default="glassbox-austen", help="shipped model, hub name, folder, or 'random'")
     parser.add_argument("--seq-len", type=int, default=20, help="length of the random segment that repeats")
     parser.add_argument("--top", type=int, default=6, help="how many of the best heads to plot")
     parser.add_argument("--device", default=None)

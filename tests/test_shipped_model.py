@@ -1,6 +1,7 @@
 """The shipped default model ``glassbox-austen``: loads offline, matches ``transformers`` on its
 trained weights, beats a unigram model on held-out Austen, and has the induction head its model
-card reports. The pinned numbers are the ones measured when the model was trained (see the card).
+card reports, which stops working when the previous-token head it reads from is ablated. The
+pinned numbers are the ones measured when the model was shipped (see the card).
 """
 
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from glassbox.interp.heads import induction_score
+from glassbox.interp.heads import induction_score, induction_tokens
 from glassbox.models import HookedTransformer
 from glassbox.train import encode_text, split_text
 from glassbox.weights.pretrained import SHIPPED_DIR
@@ -19,10 +20,12 @@ AUSTEN = Path(__file__).resolve().parent.parent / "data" / "austen.txt"
 PROMPT = "It is a truth universally acknowledged, that a single man in possession of a good fortune"
 
 # Measured on the shipped weights (see the model card). Induction scores [layer head] on 2 x 20
-# random tokens after a BOS, batch 8, seed 0: this model has NO induction head (all < 0.05; the
-# card says so). Held-out loss: the first 16 held-out windows of 128 tokens.
-INDUCTION_SCORES = [[0.0069, 0.0044, 0.0081, 0.0023], [0.0290, 0.0417, 0.0404, 0.0355]]
-HELDOUT_LOSS_16 = 4.1286
+# random tokens after a BOS, batch 8, seed 0: layer 1 head 0 is an induction head. Held-out loss:
+# the first 16 held-out windows of 128 tokens.
+INDUCTION_SCORES = [[0.0103, 0.0192, 0.0011], [0.8168, 0.0243, 0.0142]]
+HELDOUT_LOSS_16 = 3.7245
+INDUCTION_HEAD = (1, 0)
+PREVIOUS_TOKEN_HEAD = (0, 2)
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +104,39 @@ def test_heldout_loss_clearly_beats_the_best_unigram_model(model, heldout_window
 def test_induction_scores_are_pinned(model):
     scores = induction_score(model, 20, n_repeats=2, batch=8, seed=0, bos_token_id=model.tokenizer.eos_token_id)
     torch.testing.assert_close(scores, torch.tensor(INDUCTION_SCORES), atol=1e-3, rtol=0)
+
+
+def test_it_has_an_induction_head(model):
+    scores = induction_score(model, 20, n_repeats=2, batch=8, seed=0, bos_token_id=model.tokenizer.eos_token_id)
+    layer, head = INDUCTION_HEAD
+    assert scores[layer, head] > 0.5
+    assert scores.flatten().argmax().item() == layer * model.cfg.n_heads + head
+
+
+def repeat_loss(model, tokens, length):
+    """Mean next-token loss on the second copy of a repeated random segment."""
+    log_probs = model(tokens).log_softmax(-1)[:, :-1]
+    nll = -log_probs.gather(-1, tokens[:, 1:, None])[..., 0]
+    return nll[:, :length - 1].mean().item(), nll[:, length:].mean().item()
+
+
+def test_the_induction_head_needs_the_previous_token_head(model):
+    """Zeroing layer 0 head 2's output breaks induction; zeroing either other layer-0 head does not."""
+    bos = model.tokenizer.eos_token_id
+    tokens = induction_tokens(model, 50, batch=8, seed=0, bos_token_id=bos)
+    with torch.no_grad():
+        first, second = repeat_loss(model, tokens, 50)
+    assert second < 1.0 < 8.0 < first  # the repeat is predicted; the first copy is not (uniform: 8.32)
+    for head in range(model.cfg.n_heads):
+        def zero(z, hook, head=head):
+            z = z.clone()
+            z[:, :, head] = 0.0
+            return z
+
+        with torch.no_grad(), model.hooks([("blocks.0.attn.hook_z", zero)]):
+            _, ablated = repeat_loss(model, tokens, 50)
+            scores = induction_score(model, 20, n_repeats=2, batch=8, seed=0, bos_token_id=bos)
+        if (0, head) == PREVIOUS_TOKEN_HEAD:
+            assert ablated > 8.0 and scores.max() < 0.1, (head, ablated, scores.max())
+        else:
+            assert ablated < 1.0 and scores[INDUCTION_HEAD] > 0.5, (head, ablated, scores[INDUCTION_HEAD])
