@@ -22,6 +22,35 @@ def perturb_vectors(model) -> None:
             param.add_(0.3 * torch.randn_like(param))
 
 
+def perturbed(cfg, seed=0, scale=0.3):
+    """A model whose every parameter (norm weights and biases too) is random, so none can be ignored."""
+    torch.manual_seed(seed)
+    model = HookedTransformer(cfg, dtype=torch.float64).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(scale * torch.randn_like(param))
+    return model
+
+
+
+def assert_round_trips(hf, hf_class, tokens, folder) -> HookedTransformer:
+    """from_hf, to_hf, save_pretrained and from_pretrained dispatch on hf's architecture: the model
+    matches hf's logits, its export is an ``hf_class`` with the same bits, and so is a reload."""
+    from glassbox.weights import from_pretrained, save_pretrained
+
+    model = HookedTransformer.from_hf(hf)
+    exported = model.to_hf()
+    assert isinstance(exported, hf_class)
+    save_pretrained(model, folder)
+    reloaded = from_pretrained(folder)
+    with torch.no_grad():
+        expected = hf(tokens).logits
+        torch.testing.assert_close(model(tokens), expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(exported(tokens).logits, expected, atol=0, rtol=0)
+        torch.testing.assert_close(reloaded(tokens), model(tokens), atol=0, rtol=0)
+    return model
+
+
 def make_hf_gpt2(seed: int = 0, dtype=torch.float32, **sizes):
     """A ``transformers.GPT2LMHeadModel`` (eager attention) with seeded random, perturbed weights."""
     from transformers import GPT2Config, GPT2LMHeadModel

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from glassbox.models import HOOK_SHAPES, Config, HookedTransformer, hook_pattern, hook_shape, preset_config
 from glassbox.models.rotary_attention import RotaryAttention
 
+from conftest import perturbed
+
 SIZES = dict(d_model=22, n_layers=2, n_heads=2, d_head=6, d_vocab=29, n_ctx=19, d_mlp=37)
 TEXT = Path(__file__).parent / "data" / "austen_slice.txt"
 
@@ -25,16 +27,6 @@ def record_all(model, tokens, **kwargs):
         model.run_with_hooks(tokens, fwd_hooks=[(lambda n: True, lambda x, hook: acts.__setitem__(hook.name, x))],
                              **kwargs)
     return acts
-
-
-def perturbed(cfg, seed=0, scale=0.3):
-    """A model whose every parameter (norm weights and biases too) is random, so none can be ignored."""
-    torch.manual_seed(seed)
-    model = HookedTransformer(cfg, dtype=torch.float64).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(scale * torch.randn_like(param))
-    return model
 
 
 def tokens_for(cfg, batch=3, pos=11, seed=1):

@@ -10,17 +10,14 @@ import torch
 
 from glassbox.models import HookedTransformer, preset_config
 
+from conftest import perturbed
+
 SIZES = dict(d_model=22, n_layers=2, n_heads=2, d_head=6, d_vocab=29, n_ctx=19, d_mlp=37)
 SCALES = lambda name: name.endswith("hook_scale")
 
 
 def model_for(preset: str) -> HookedTransformer:
-    torch.manual_seed(0)
-    model = HookedTransformer(preset_config(preset, **SIZES), dtype=torch.float64).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.3)  # norm weights and biases away from 1 and 0
-    return model
+    return perturbed(preset_config(preset, **SIZES))  # norm weights and biases away from 1 and 0
 
 
 def textbook(preset: str, norm, x, scale):
