@@ -8,7 +8,7 @@ perturbed; rotary_dim 6 of d_head 8 checks that the unrotated dims pass through.
 import pytest
 import torch
 
-from conftest import perturb_vectors
+from conftest import assert_round_trips, perturb_vectors
 from glassbox.models import HookedTransformer
 from glassbox.weights.gptj import config_from_gptj, config_to_gptj, glassbox_to_gptj, gptj_to_glassbox
 
@@ -122,18 +122,7 @@ def test_export_refuses_attention_biases(hf_gptj):
 def test_model_level_from_hf_to_hf_and_folders(hf_gptj, tokens, tmp_path):
     from transformers import GPTJForCausalLM
 
-    from glassbox.weights import from_pretrained, save_pretrained
-
-    model = HookedTransformer.from_hf(hf_gptj)
-    exported = model.to_hf()
-    assert isinstance(exported, GPTJForCausalLM)
-    save_pretrained(model, tmp_path)
-    reloaded = from_pretrained(tmp_path)
-    with torch.no_grad():
-        expected = hf_gptj(tokens).logits
-        torch.testing.assert_close(model(tokens), expected, atol=1e-5, rtol=0)
-        torch.testing.assert_close(exported(tokens).logits, expected, atol=0, rtol=0)
-        torch.testing.assert_close(reloaded(tokens), model(tokens), atol=0, rtol=0)
+    assert_round_trips(hf_gptj, GPTJForCausalLM, tokens, tmp_path)
 
 
 def test_classic_preset_has_no_hf_export():

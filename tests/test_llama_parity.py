@@ -9,7 +9,7 @@ catches a head axis confused with d_model.
 import pytest
 import torch
 
-from conftest import perturb_vectors
+from conftest import assert_round_trips, perturb_vectors
 from glassbox.models import HookedTransformer
 from glassbox.weights.llama import (config_from_llama, config_to_llama, glassbox_to_llama,
                                     llama_to_glassbox)
@@ -137,20 +137,11 @@ def test_model_level_from_hf_to_hf_and_folders(tied, tokens, tmp_path):
     """from_hf, to_hf, save_pretrained and from_pretrained dispatch on the Llama architecture."""
     from transformers import LlamaForCausalLM
 
-    from glassbox.weights import from_pretrained, save_pretrained
-
     hf = make_hf_llama(seed=6, tied=tied)
-    model = HookedTransformer.from_hf(hf)
-    exported = model.to_hf()
-    assert isinstance(exported, LlamaForCausalLM)
-    save_pretrained(model, tmp_path)
-    reloaded = from_pretrained(tmp_path)
-    with torch.no_grad():
-        expected = hf(tokens).logits
-        torch.testing.assert_close(model(tokens), expected, atol=1e-5, rtol=0)
-        torch.testing.assert_close(exported(tokens).logits, expected, atol=0, rtol=0)
-        torch.testing.assert_close(reloaded(tokens), model(tokens), atol=0, rtol=0)
-        torch.testing.assert_close(LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")(tokens).logits, expected, atol=0, rtol=0)
+    assert_round_trips(hf, LlamaForCausalLM, tokens, tmp_path)
+    with torch.no_grad():  # the written folder is a real Llama folder for transformers too
+        reloaded_by_hf = LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
+        torch.testing.assert_close(reloaded_by_hf(tokens).logits, hf(tokens).logits, atol=0, rtol=0)
 
 
 def test_modern_preset_exports_as_llama(tokens):
