@@ -4,7 +4,8 @@ cache run, a generation or a patching sweep leaves the model exactly as it was.
 "Exactly as it was" is checked, not assumed: the SHA-256 of every tensor of the state dict (bytes,
 dtype and shape), the hooks at every hook point (the same functions, in the same order: a user's
 own hooks stay, the operation's are gone), every hook point's ``ctx``, each parameter's
-``requires_grad`` and ``.grad``, the train/eval mode, and the logits of a fresh forward, bit for bit.
+``requires_grad`` and ``.grad``, the train/eval mode, torch's grad mode, and the logits of a fresh
+forward, bit for bit.
 """
 
 import hashlib
@@ -33,6 +34,7 @@ def fingerprint(model) -> dict:
         "ctx": {name: dict(p.ctx) for name, p in model.hook_dict.items()},
         "grad": {name: (p.requires_grad, None if p.grad is None else p.grad.clone()) for name, p in model.named_parameters()},
         "training": model.training,
+        "grad_mode": torch.is_grad_enabled(),
     }
 
 
@@ -43,6 +45,7 @@ def assert_untouched(model, before: dict, tokens, logits_before) -> None:
     assert not changed, f"hooks left behind or lost at {changed[:3]}"
     assert after["ctx"] == before["ctx"], "hook ctx left behind"
     assert after["training"] == before["training"]
+    assert after["grad_mode"] == before["grad_mode"], "torch's grad mode was left changed"
     for name, (requires, grad) in before["grad"].items():
         assert after["grad"][name][0] == requires, f"{name}.requires_grad changed"
         assert (after["grad"][name][1] is None) == (grad is None), f"{name}.grad appeared or vanished"
@@ -154,7 +157,7 @@ def test_metric_raising_mid_sweep(tiny_model, tiny_tokens, snapshot, exc):
 
 
 @pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt])
-@pytest.mark.parametrize("sweep", ["patch_resid_pre", "patch_head_z", "patch_head_pattern_by_pos"])
+@pytest.mark.parametrize("sweep", ["patch_resid_pre", "patch_head_z", "patch_head_pattern", "patch_head_pattern_by_pos"])
 def test_hook_raising_mid_sweep(tiny_model, tiny_tokens, snapshot, exc, sweep):
     import glassbox.interp.patching as patching
 
