@@ -43,10 +43,23 @@ window.__gbErrors = [];
 })();
 </script>"""
 
-PROBE = """<script>
+
+def probe(body: str) -> str:
+    """A script that, once the page has loaded and drawn, runs ``body`` (which fills ``out``) and
+    writes ``out`` with the captured errors as JSON into <pre id="gb-test-results">."""
+    return """<script>
 window.addEventListener("load", function () { setTimeout(function () {
   var out = {};
-  try {
+""" + body + """  out.errors = window.__gbErrors;
+  var pre = document.createElement("pre");
+  pre.id = "gb-test-results";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+}, 100); });
+</script>"""
+
+
+PROBE = probe("""  try {
     var gd = document.getElementById("attention");
     out.heatmap_layers = gd.querySelectorAll(".hm").length;
     out.heatmap_images = gd.querySelectorAll(".hm image").length;
@@ -63,30 +76,15 @@ window.addEventListener("load", function () { setTimeout(function () {
     out.title = gd.layout.title.text;
     out.resources = performance.getEntriesByType("resource").map(function (r) { return r.name; });
   } catch (e) { out.exception = String(e && e.stack || e); }
-  out.errors = window.__gbErrors;
-  var pre = document.createElement("pre");
-  pre.id = "gb-test-results";
-  pre.textContent = JSON.stringify(out);
-  document.body.appendChild(pre);
-}, 100); });
-</script>"""
+""")
 
 
-FIGURES_PROBE = """<script>
-window.addEventListener("load", function () { setTimeout(function () {
-  var out = {};
-  var divs = document.querySelectorAll(".plotly-graph-div");
+FIGURES_PROBE = probe("""  var divs = document.querySelectorAll(".plotly-graph-div");
   out.graphs = divs.length;
   out.rendered = Array.prototype.filter.call(divs, function (d) { return d.querySelector(".main-svg") !== null; }).length;
   out.heatmaps = document.querySelectorAll(".hm image").length;
   out.resources = performance.getEntriesByType("resource").map(function (r) { return r.name; });
-  out.errors = window.__gbErrors;
-  var pre = document.createElement("pre");
-  pre.id = "gb-test-results";
-  pre.textContent = JSON.stringify(out);
-  document.body.appendChild(pre);
-}, 100); });
-</script>"""
+""")
 
 
 def find_browser():
