@@ -1,17 +1,21 @@
 """The ``glassbox`` command line: one module per subcommand, each with ``add_parser`` and ``run``."""
 
-import argparse
 import importlib
 import sys
+
+from .errors import Parser, UsageError
 
 COMMANDS = ("demo", "parity", "attention", "train")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> Parser:
+    from .. import __version__
+
+    parser = Parser(
         prog="glassbox", description="glassbox: a hooked, tested GPT-2 for mechanistic interpretability. "
         "demo, parity and attention use the shipped glassbox-austen model unless --model says otherwise.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"glassbox {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").add_parser(sub)
     return parser
@@ -19,7 +23,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args) or 0
+    try:
+        return args.func(args) or 0
+    except UsageError as error:
+        print(f"glassbox {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

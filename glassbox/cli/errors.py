@@ -1,0 +1,37 @@
+"""User errors on the command line: one line on stderr, ``glassbox <command>: error: ...``, exit 2.
+
+A command raises ``UsageError`` (or lets ``user_errors`` turn a library error it expects into one)
+for anything the user can fix: a bad value, a missing file, a model that cannot be found. Anything
+else is a bug and keeps its traceback.
+"""
+
+import argparse
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+
+class UsageError(Exception):
+    """A mistake in the command's arguments or inputs; the message names the value and what is accepted."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with a one-line error (no usage block): ``PROG: error: MESSAGE``, exit 2."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+@contextmanager
+def user_errors(*types: type, prefix: str = "") -> Iterator[None]:
+    """Re-raise the library errors ``types`` (the ones a command expects from user input) as UsageError.
+
+    Only the first line of the library's message is kept, so chained causes never reach the user.
+    """
+    try:
+        yield
+    except types as error:
+        message = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+        first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
+        raise UsageError(f"{prefix}{first}") from error
