@@ -35,3 +35,22 @@ def user_errors(*types: type, prefix: str = "") -> Iterator[None]:
         message = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
         first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
         raise UsageError(f"{prefix}{first}") from error
+
+
+def device_arg(value: str) -> str:
+    """argparse ``type=`` for ``--device``: a device torch knows and this build can use."""
+    import torch
+
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"unknown device {value!r}; use cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"device {value!r}: this torch build has no usable CUDA device; use cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"device {value!r}: only {torch.cuda.device_count()} CUDA devices")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"device {value!r}: MPS is not available in this torch build")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise argparse.ArgumentTypeError(f"device {value!r}: glassbox runs on cpu, cuda or mps")
+    return value
