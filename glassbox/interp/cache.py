@@ -10,13 +10,18 @@ Contract:
   halves the allocations of a full cache. With ``stop_at_layer`` the returned residual stream is then
   the same tensor as the last cached one.
 - With ``return_type=None`` nothing after the last requested activation is needed, so the forward
-  stops as soon as that activation is cached. With ``stop_at_layer`` the forward runs only the
+  stops as soon as that activation is cached; a requested ``ln_final.*`` hook is still run (the
+  output stays None). With ``stop_at_layer`` the forward runs only the
   blocks before it (the output is the residual stream there); an explicitly named activation beyond
   that point is an error rather than a silently missing key.
 - ``incl_bwd=True`` runs a backward pass on the loss and caches gradients as ``<name>_grad``.
   Parameter ``.grad`` fields are left exactly as they were.
-- With no filter, an input whose full cache would exceed ``CACHE_BUDGET_BYTES`` (set it to change the
-  budget) warns with the predicted size and how to filter.
+- Before any forward runs, the cache's bytes are predicted exactly (``cache_size``, for any filter)
+  and compared with the memory available on the device the cache lands on (CPU: MemAvailable of
+  /proc/meminfo; CUDA: ``torch.cuda.mem_get_info`` plus what torch's allocator holds unused). A cache
+  that cannot fit raises ``CacheMemoryError`` (a ``MemoryError``) with both numbers and the ways out;
+  ``check_memory=False`` skips the check. A cache that fits but exceeds ``CACHE_BUDGET_BYTES`` (set
+  it to change the budget) warns with the predicted size and how to filter.
 
 Footgun: the forward runs in the caller's grad mode, so the returned output keeps its autograd graph
 (and the activations it holds) unless the call is wrapped in ``torch.no_grad()``; the cached copies
@@ -26,6 +31,7 @@ size estimate reports.
 """
 
 import math
+import os
 import warnings
 from typing import Callable, Optional, Sequence, Union
 
@@ -36,13 +42,17 @@ from torch import Tensor
 from ..models.hook_shapes import hook_shape
 from .activation_cache import ActivationCache
 
-CACHE_BUDGET_BYTES = 4 * 2**30  # warn above this many bytes for an unfiltered cache
+CACHE_BUDGET_BYTES = 4 * 2**30  # warn above this many bytes (the cache still fits in memory)
 
 NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
 
 
 class CacheSizeWarning(UserWarning):
-    """An unfiltered cache would be larger than ``CACHE_BUDGET_BYTES``."""
+    """A cache would be larger than ``CACHE_BUDGET_BYTES``."""
+
+
+class CacheMemoryError(MemoryError):
+    """A cache would need more memory than its device has available; raised before the forward."""
 
 
 class _StopForward(Exception):
@@ -112,7 +122,7 @@ def run_with_cache(model, input: Union[str, list, Int[Tensor, "batch pos"]], nam
                    dtype: Optional[torch.dtype] = None, remove_batch_dim: bool = False, incl_bwd: bool = False,
                    stop_at_layer: Optional[int] = None, return_type: Optional[str] = "logits",
                    attention_mask: Optional[Tensor] = None, prepend_bos: Optional[bool] = None,
-                   padding_side: str = "right", **forward_kwargs) -> tuple:
+                   padding_side: str = "right", check_memory: bool = True, **forward_kwargs) -> tuple:
     """Run the model and cache activations: returns (output, ActivationCache).
 
     Args:
@@ -122,6 +132,8 @@ def run_with_cache(model, input: Union[str, list, Int[Tensor, "batch pos"]], nam
         remove_batch_dim: drop the batch axis (batch size must be 1).
         incl_bwd: also cache gradients of the loss as ``<name>_grad``.
         stop_at_layer, return_type, **forward_kwargs: as for the model's forward.
+        check_memory: refuse (``CacheMemoryError``) a cache larger than the memory available on its
+            device; False runs anyway.
     """
     # Checked here, not in the first caching hook, so a bad value fails before the forward starts.
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -133,8 +145,7 @@ def run_with_cache(model, input: Union[str, list, Int[Tensor, "batch pos"]], nam
             raise ValueError(f"device {device!r} is not a torch device: {err}") from None
     tokens, attention_mask = model.input_to_tokens(input, attention_mask, prepend_bos, padding_side)
     names = resolve_names(model, names_filter)
-    if names_filter is None:
-        _check_budget(model, tokens, dtype, incl_bwd)
+    _check_budget(model, tokens, names, device, dtype, incl_bwd, check_memory)
     if stop_at_layer is not None and names_filter is not None and not callable(names_filter):
         _check_reachable(names, stop_at_layer, model.cfg.n_layers)
     if remove_batch_dim and tokens.shape[0] != 1:
@@ -146,6 +157,11 @@ def run_with_cache(model, input: Union[str, list, Int[Tensor, "batch pos"]], nam
     pending = set(names)
     # With stop_at_layer the output is the residual stream there, so the forward must reach it.
     stop_early = return_type is None and stop_at_layer is None and not incl_bwd
+    # return_type=None returns before the final norm, so a requested ln_final hook needs the forward
+    # to go on into it (stopping there, once everything is cached: the unembedding never runs).
+    forward_type = return_type
+    if return_type is None and stop_at_layer is None and any(n.startswith("ln_final.") for n in names):
+        forward_type = "logits"
 
     # The forward never edits an activation in place, so only another hook could change a stored
     # tensor later: with none attached, the forward's own tensor is kept (no second allocation and
@@ -170,8 +186,10 @@ def run_with_cache(model, input: Union[str, list, Int[Tensor, "batch pos"]], nam
             output = _forward_backward(model, tokens, return_type, kwargs)
         else:
             try:
-                output = model(tokens, return_type=return_type, **kwargs)
+                output = model(tokens, return_type=forward_type, **kwargs)
             except _StopForward:
+                output = None
+            if return_type is None:
                 output = None
     cache = ActivationCache(store, model, has_batch_dim=not remove_batch_dim, tokens=tokens,
                             attention_mask=attention_mask)
@@ -191,16 +209,49 @@ def _forward_backward(model, tokens: Tensor, return_type: Optional[str], kwargs:
     return {"logits": logits, "loss": loss, "both": (logits, loss), None: None}[return_type]
 
 
-def _check_budget(model, tokens: Tensor, dtype, incl_bwd: bool) -> None:
-    size = cache_size(model, tokens.shape, None, dtype, incl_bwd)
+def _check_budget(model, tokens: Tensor, names: list, device, dtype, incl_bwd: bool, check_memory: bool) -> None:
+    size = cache_size(model, tokens.shape, names, dtype, incl_bwd)
+    where = device if device is not None else next(model.parameters()).device
+    free = available_bytes(where) if check_memory else None
+    shape = tuple(tokens.shape)
+    if free is not None and size > free:
+        raise CacheMemoryError(
+            f"run_with_cache would cache {size} bytes ({size / 2**30:.2f} GiB) of {len(names)} activation(s) "
+            f"for input of shape {shape} on {where}, but {free} bytes ({free / 2**30:.2f} GiB) are available "
+            "there. Cache less with names_filter (model.cache_size(shape, names_filter) predicts the bytes), a "
+            "smaller batch or shorter input, dtype=torch.float16, or device= a device with room (e.g. 'cpu' "
+            "for a GPU model); or pass check_memory=False to run anyway.")
     if size > CACHE_BUDGET_BYTES:
         warnings.warn(
-            f"caching every activation for input of shape {tuple(tokens.shape)} takes {size / 2**30:.2f} GiB, "
+            f"caching {len(names)} activation(s) for input of shape {shape} takes {size / 2**30:.2f} GiB, "
             f"over the budget of {CACHE_BUDGET_BYTES / 2**30:.2f} GiB "
             "(glassbox.interp.cache.CACHE_BUDGET_BYTES). Cache less with names_filter, e.g. "
             "names_filter=lambda name: name.endswith('hook_resid_post'), or pass dtype=torch.float16; "
             "model.cache_size(shape, names_filter) predicts the bytes before running.",
             CacheSizeWarning, stacklevel=3)
+
+
+def available_bytes(device) -> Optional[int]:
+    """Bytes that can still be allocated on ``device``, or None where that is unknown (meta, MPS...)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        free, _ = torch.cuda.mem_get_info(index)
+        # torch's caching allocator keeps freed blocks reserved; they are free to this process.
+        return free + torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:  # other POSIX systems: free physical pages (a lower bound: page cache is not counted)
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _check_reachable(names: list, stop_at_layer: int, n_layers: int) -> None:
