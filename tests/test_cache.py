@@ -79,7 +79,7 @@ def test_shorthand_keys_follow_an_exact_table(model, tokens):
     (("q", 1, "mlp"), ["attn"]),
     (("scale", 1), ["ln1", "ln2"]),
     (("resid_pre",), ["give a layer"]),
-    (("pattern", 5), ["blocks.1.attn.hook_pattern"]),
+    (("pattern", 5), ["layer 5", "n_layers", "[-2, 2)"]),
     ("blocks.0.attn.hook_patern", ["blocks.0.attn.hook_pattern"]),
 ])
 def test_unknown_keys_name_the_closest(model, tokens, key, words):

@@ -1,7 +1,9 @@
 """ActivationCache: a read-only mapping from hook name to a cached activation.
 
 Keys are full hook names (``"blocks.3.attn.hook_pattern"``) or TransformerLens shorthand tuples
-(``cache["pattern", 3]``, ``cache["scale", 1, "ln2"]``), resolved by ``act_name``'s exact table.
+(``cache["pattern", 3]``, ``cache["scale", 1, "ln2"]``), resolved by ``act_name``'s exact table. A
+negative layer counts from the end (``cache["resid_post", -1]`` is the last layer's), as in
+TransformerLens; a layer outside [-n_layers, n_layers) is a ``KeyError`` naming it and n_layers.
 Gradients, when cached with ``incl_bwd=True``, sit under ``<name>_grad``.
 
 The cache remembers the model it came from (for weights in the analysis methods), the tokens and the
@@ -65,14 +67,29 @@ class ActivationCache(Mapping):
     def __repr__(self) -> str:
         return f"ActivationCache({len(self)} activations, {self.nbytes / 2**20:.1f} MiB)"
 
-    @staticmethod
-    def resolve(key: Key) -> str:
-        """The full hook name of a key: a name stays as it is, a tuple goes through ``act_name``."""
+    def resolve(self, key: Key) -> str:
+        """The full hook name of a key: a name stays as it is, a tuple goes through ``act_name``
+        (a negative layer counting from the end)."""
         if isinstance(key, str):
             return key
         if isinstance(key, tuple) and 1 <= len(key) <= 3:
+            if len(key) >= 2 and isinstance(key[1], int) and not isinstance(key[1], bool):
+                key = (key[0], self._layer_index(key[1], key), *key[2:])
             return act_name(*key)
         raise KeyError(f"a cache key is a hook name or a (kind, layer[, layer_type]) tuple, got {key!r}")
+
+    def _layer_index(self, layer: int, key: tuple) -> int:
+        cfg = getattr(self.model, "cfg", None)
+        if cfg is None:  # a cache without its model: only non-negative layers can be resolved
+            if layer < 0:
+                raise KeyError(f"layer {layer} of key {key!r} counts from the end, but this cache has no model "
+                               "to give n_layers")
+            return layer
+        n_layers = cfg.n_layers
+        if not -n_layers <= layer < n_layers:
+            raise KeyError(f"layer {layer} of key {key!r} is outside [-n_layers, n_layers) = [-{n_layers}, "
+                           f"{n_layers})")
+        return layer + n_layers if layer < 0 else layer
 
     # -- whole-cache operations ---------------------------------------------------------------
     @property
@@ -81,7 +98,11 @@ class ActivationCache(Mapping):
         return sum(t.numel() * t.element_size() for t in self._data.values())
 
     def to(self, device=None, dtype: Optional[torch.dtype] = None) -> "ActivationCache":
-        """A new cache with every tensor moved (and floating tensors cast, if ``dtype``)."""
+        """A new cache with every tensor moved (and floating tensors cast, if ``dtype``, which must be a
+        floating dtype: casting activations to an integer type would truncate them)."""
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise ValueError(f"cache.to(dtype={dtype!r}): activations are cast only to a floating dtype "
+                             "(an integer or bool dtype would truncate them)")
         moved = {name: _convert(t, device, dtype) for name, t in self._data.items()}
         return self._like(moved, self.has_batch_dim, self.tokens, self.attention_mask, device)
 

@@ -226,7 +226,8 @@ def logit_attrs(cache, stack: Float[Tensor, "component ..."], tokens, incorrect_
     bias), so the rows sum to the model's logit, or logit difference with ``incorrect_tokens``.
 
     ``tokens``: a str or int (one token everywhere), or a tensor whose shape is a prefix of the
-    stack's batch/pos axes (e.g. [batch] for a stack at one position, [batch pos] for all).
+    stack's batch/pos axes (e.g. [batch] for a stack at one position, [batch pos] for all). Ids must
+    lie in [0, d_vocab): a negative id is refused, not read from the end of the vocabulary.
     """
     scaled = apply_ln_to_stack(cache, stack, None, pos_slice=pos_slice, incl_bias=incl_bias)
     ids = _token_ids(cache.model, tokens, scaled.device)
@@ -243,8 +244,14 @@ def _token_ids(model, tokens, device) -> Int[Tensor, "..."]:
     if isinstance(tokens, str):
         tokens = model.to_single_token(tokens)
     ids = torch.as_tensor(tokens, device=device)
-    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise ValueError(f"tokens must be token ids, got dtype {ids.dtype}")
+    d_vocab = model.cfg.d_vocab
+    # Indexing would wrap a negative id to the end of the vocabulary (and fail deep inside on a large one).
+    bad = ids[(ids < 0) | (ids >= d_vocab)]
+    if bad.numel():
+        raise ValueError(f"token id {int(bad.flatten()[0])} is outside [0, d_vocab={d_vocab}): logit_attrs takes "
+                         "token ids or single-token strings, not positions")
     return ids.long()
 
 
