@@ -2,7 +2,8 @@
 
 Query tokens run down the y axis (first token at the top), key tokens along the x axis; both are
 plotted by index with the string tokens as tick labels, so repeated tokens stay distinct. Hover
-shows the query and key tokens with their positions and the probability. Every function returns a
+shows the query and key tokens with their positions and the probability. Tokens are text, never
+markup (see ``common.escape``). Every function returns a
 ``plotly.graph_objects.Figure`` and never shows it.
 
 Footgun: a figure holds every value it shows; a selector over a whole model at long context is
@@ -14,14 +15,14 @@ from typing import Optional, Sequence
 from jaxtyping import Float
 from torch import Tensor
 
-from .common import go, index_axis, index_labels, make_subplots, shown, to_list
+from .common import escape, go, index_axis, index_labels, make_subplots, shown, to_list
 
 COLOURS = "Blues"  # probabilities: sequential, 0 to 1
 
 
 def hover_text(tokens: list) -> list:
     """[query][key] hover strings naming both tokens and positions."""
-    return [[f"query {q} {shown(tq)!r}<br>key {k} {shown(tk)!r}" for k, tk in enumerate(tokens)]
+    return [[f"query {q} {escape(repr(shown(tq)))}<br>key {k} {escape(repr(shown(tk)))}" for k, tk in enumerate(tokens)]
             for q, tq in enumerate(tokens)]
 
 
@@ -61,7 +62,7 @@ def attention_grid(patterns: Float[Tensor, "head query_pos key_pos"], tokens: Op
     cols = min(cols, len(heads))
     rows = -(-len(heads) // cols)
     # Shared axes: token labels only on the outer edges, and zooming one panel zooms them all.
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"head {h}" for h in heads], shared_xaxes=True,
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"head {escape(h)}" for h in heads], shared_xaxes=True,
                         shared_yaxes=True, horizontal_spacing=0.02, vertical_spacing=0.3 / rows)
     for i, head in enumerate(heads):
         fig.add_trace(heatmap_trace(patterns[i], labels, coloraxis="coloraxis", name=f"head {head}"),

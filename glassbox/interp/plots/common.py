@@ -3,8 +3,13 @@
 Token axes are plotted by index (0, 1, 2, ...) with the tokens as tick text, never with the tokens
 as categories: plotly merges equal category names, so a repeated token would collapse two rows into
 one. Hover text names both the token and its index.
+
+Labels are text: plotly reads a subset of HTML (``<b>``, ``<br>``, ``<a href>``, entities) in tick
+labels, hover text and titles, so every token or label string passes through ``escape`` before it
+reaches a figure, and a token ``<b>x</b>`` is shown as written.
 """
 
+import html
 from typing import Optional, Sequence
 
 import torch
@@ -46,8 +51,13 @@ def index_labels(labels: Optional[Sequence], n: int, what: str) -> list:
 
 def index_axis(labels: list, title: str = "") -> dict:
     """Layout for an axis plotted by index whose ticks read ``labels`` (repeats stay separate rows)."""
-    return dict(tickmode="array", tickvals=list(range(len(labels))), ticktext=[shown(l) for l in labels],
+    return dict(tickmode="array", tickvals=list(range(len(labels))), ticktext=[escape(shown(l)) for l in labels],
                 title=title)
+
+
+def escape(text: str) -> str:
+    """A string as plotly text: &, < and > become entities, which plotly shows as the characters."""
+    return html.escape(text, quote=False)
 
 
 def shown(label: str) -> str:

@@ -4,7 +4,8 @@ Patching heatmaps use a diverging colour scale centred on zero (red below, blue 
 an effect reads at a glance; a ``PatchResult`` brings its own axis names and labels (layer rows,
 position or head columns; position ticks are the string tokens, repeated tokens kept apart). A
 result with a leading ``component`` axis (``patch_block_every`` ...) becomes one panel per component
-sharing one colour scale. Every function returns a ``plotly.graph_objects.Figure``; none shows it.
+sharing one colour scale. Labels and tokens are text, never markup (see ``common.escape``). Every
+function returns a ``plotly.graph_objects.Figure``; none shows it.
 """
 
 from typing import Optional, Sequence, Union
@@ -14,7 +15,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..patching.result import PatchResult
-from .common import go, index_axis, index_labels, make_subplots, shown, to_list
+from .common import escape, go, index_axis, index_labels, make_subplots, shown, to_list
 
 DIVERGING = "RdBu"
 
@@ -38,14 +39,14 @@ def patching_heatmap(result: Union[PatchResult, Tensor], title: Optional[str] = 
     finite = values[torch.isfinite(values)]
     bound = float(finite.abs().max()) if finite.numel() else 1.0
     bound = bound or 1.0
-    fig = make_subplots(rows=len(panels), cols=1, subplot_titles=[p.name for p in panels] if len(panels) > 1 else None,
+    fig = make_subplots(rows=len(panels), cols=1, subplot_titles=[escape(p.name) for p in panels] if len(panels) > 1 else None,
                         vertical_spacing=0.12 / max(1, len(panels) - 1) if len(panels) > 1 else 0.0)
     for i, panel in enumerate(panels, start=1):
         y_axis, x_axis = panel.axes
         rows = index_labels(y_labels if y_labels is not None else panel.labels.get(y_axis), panel.values.shape[0], y_axis)
         cols = index_labels(x_labels if x_labels is not None else panel.labels.get(x_axis), panel.values.shape[1], x_axis)
-        text = [[f"{y_axis} {r}, {x_axis} {c} {shown(cl)!r}" if x_axis in ("pos", "query_pos", "key_pos")
-                 else f"{y_axis} {r}, {x_axis} {cl}" for c, cl in enumerate(cols)] for r in rows]
+        text = [[escape(f"{y_axis} {r}, {x_axis} {c} {shown(cl)!r}" if x_axis in ("pos", "query_pos", "key_pos")
+                        else f"{y_axis} {r}, {x_axis} {cl}") for c, cl in enumerate(cols)] for r in rows]
         fig.add_trace(go().Heatmap(z=to_list(panel.values), text=text, coloraxis="coloraxis",
                                    hovertemplate="%{text}<br>%{z:.4f}<extra></extra>"), row=i, col=1)
         fig.update_xaxes(**index_axis(cols, x_axis), row=i, col=1)
@@ -67,8 +68,9 @@ def logit_lens_plot(values: Float[Tensor, "series layer"], layer_labels: Optiona
         raise ValueError(f"logit_lens_plot takes [layer] or [series layer], got shape {tuple(values.shape)}")
     xs = index_labels(layer_labels, values.shape[1], "layers")
     names = index_labels(series_labels, values.shape[0], "series")
-    fig = go().Figure([go().Scatter(x=list(range(len(xs))), y=row, mode="lines+markers", name=name,
-                                    text=xs, hovertemplate="%{text}: %{y:.4f}<extra>" + name + "</extra>")
+    fig = go().Figure([go().Scatter(x=list(range(len(xs))), y=row, mode="lines+markers", name=escape(name),
+                                    text=[escape(x) for x in xs],
+                                    hovertemplate="%{text}: %{y:.4f}<extra>" + escape(name) + "</extra>")
                        for row, name in zip(to_list(values), names)])
     fig.update_layout(title=title, xaxis=index_axis(xs, "layer"), yaxis=dict(title=y_title, zeroline=True))
     return fig
@@ -82,7 +84,7 @@ def attribution_bar(values: Float[Tensor, "component"], labels: Optional[Sequenc
     names = index_labels(labels, values.shape[0], "components")
     ys = to_list(values)
     colours = ["#2166ac" if y >= 0 else "#b2182b" for y in ys]
-    fig = go().Figure(go().Bar(x=list(range(len(names))), y=ys, marker_color=colours, text=names,
+    fig = go().Figure(go().Bar(x=list(range(len(names))), y=ys, marker_color=colours, text=[escape(n) for n in names],
                                hovertemplate="%{text}: %{y:.4f}<extra></extra>"))
     fig.update_layout(title=title, xaxis=index_axis(names, ""), yaxis=dict(title=y_title, zeroline=True))
     return fig
