@@ -24,9 +24,12 @@ def assert_parity(model, hf, tokens, atol):
     return out
 
 
+@pytest.mark.parametrize("init", [0.02, 0.2], ids=["gpt2-init", "sharp-attention"])
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
-def test_tiny_logits_match_transformers(dtype, atol, tiny_tokens):
-    hf = make_hf_gpt2(dtype=dtype, **TINY)
+def test_tiny_logits_match_transformers(dtype, atol, init, tiny_tokens):
+    # At GPT-2's init (0.02) the tiny model's attention is nearly uniform; at 0.2 it is sharp, so a
+    # mistake inside the attention moves the logits far past the bound (tests/test_bounds_catch_bugs.py).
+    hf = make_hf_gpt2(dtype=dtype, initializer_range=init, **TINY)
     model = HookedTransformer.from_hf(hf)
     assert next(model.parameters()).dtype == dtype
     assert_parity(model, hf, tiny_tokens, atol)

@@ -38,8 +38,8 @@ def assert_equals_loop(model, corrupted, cache, result, kind, metric=METRIC, mas
     for point in sample_points(result.shape, n, seed=len(kind)):
         named = dict(zip(result.axes, point))
         expected = loop_value(model, corrupted, cache, metric, kind, named, attention_mask=mask)
-        assert abs(values[point].item() - expected) <= atol, (
-            f"{kind} at {named}: batched {values[point].item()}, loop {expected}")
+        torch.testing.assert_close(values[point], torch.tensor(expected, dtype=values.dtype), atol=atol, rtol=0,
+                                   msg=f"{kind} at {named}: batched {values[point].item()}, loop {expected}")
 
 
 @pytest.mark.parametrize("preset, changes", [("gpt2", {}), ("modern", {}), ("classic", {}),

@@ -58,8 +58,9 @@ def assert_matches_loop(model, runs, result, kinds, n: int, seed: int, axes=None
         named = dict(zip(axes, point))
         kind = kinds[named.pop("component")] if "component" in named else kinds[0]
         expected = loop_value(model, runs["corrupted"], runs["cache"], runs["metric"], kind, named)
-        assert abs(values[point].item() - expected) <= ATOL, (
-            f"{result.name} at {dict(zip(axes, point))}: batched {values[point].item():.7f}, loop {expected:.7f}")
+        torch.testing.assert_close(values[point], torch.tensor(expected, dtype=values.dtype), atol=ATOL, rtol=0,
+                                   msg=f"{result.name} at {dict(zip(axes, point))}: batched "
+                                       f"{values[point].item():.7f}, loop {expected:.7f}")
 
 
 def test_resid_pre_equals_loop_everywhere(gpt2, runs):
@@ -69,7 +70,8 @@ def test_resid_pre_equals_loop_everywhere(gpt2, runs):
     for layer, pos in itertools.product(range(12), range(SEQ)):
         expected = loop_value(gpt2, runs["corrupted"], runs["cache"], runs["metric"], "resid_pre",
                               {"layer": layer, "pos": pos})
-        assert abs(result.values[layer, pos].item() - expected) <= ATOL, (layer, pos)
+        torch.testing.assert_close(result.values[layer, pos].cpu(), torch.tensor(expected, dtype=result.values.dtype),
+                                   atol=ATOL, rtol=0, msg=f"resid_pre at layer {layer} pos {pos}")
 
 
 def test_block_every_and_resid_mid_post_equal_loop(gpt2, runs):
