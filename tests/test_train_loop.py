@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from glassbox.models import Config
 from glassbox.train import TrainConfig, Trainer, init_model, load_checkpoint, training_batch
-from glassbox.train.checkpoint import STATE_FILE
+from glassbox.train.checkpoint import STATE_FILE, CheckpointError
 
 CFG = Config(d_model=15, n_layers=2, n_heads=3, d_vocab=29, n_ctx=11, d_mlp=22)
 BOS = 28
@@ -70,7 +70,7 @@ def test_checkpoint_files_load_safely(tmp_path):
 
 def test_missing_checkpoint_file_is_named(tmp_path):
     (tmp_path / "ckpt").mkdir()
-    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+    with pytest.raises(CheckpointError, match="model.safetensors"):
         load_checkpoint(tmp_path / "ckpt")
 
 

@@ -4,14 +4,14 @@ This layer sits above ``models`` and ``weights``; a trained model is exported wi
 ``glassbox.weights.save_pretrained`` as a normal Hugging Face GPT-2 folder.
 """
 
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, load_checkpoint, recover_checkpoint, save_checkpoint
 from .data import (RepeatSpec, add_repeats, encode_text, heldout_batches, sample_windows, split_text,
                    training_batch, unigram_loss)
 from .loop import TrainConfig, Trainer, init_model
 from .optim import lr_at, make_optimizer, param_groups
 from .tokenizer import load_tokenizer, train_bpe_tokenizer
 
-__all__ = ["RepeatSpec", "TrainConfig", "Trainer", "add_repeats", "encode_text", "heldout_batches",
+__all__ = ["CheckpointError", "RepeatSpec", "TrainConfig", "Trainer", "add_repeats", "encode_text", "heldout_batches",
            "init_model", "load_checkpoint", "load_tokenizer", "lr_at", "make_optimizer", "param_groups",
-           "sample_windows", "save_checkpoint", "split_text", "train_bpe_tokenizer", "training_batch",
+           "recover_checkpoint", "sample_windows", "save_checkpoint", "split_text", "train_bpe_tokenizer", "training_batch",
            "unigram_loss"]

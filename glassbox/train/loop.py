@@ -12,6 +12,7 @@ rate from then on, so ``Trainer.resume`` keeps the checkpoint's training config.
 """
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 
 from ..models import Config, HookedTransformer
 from ..models.init import init_weights
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import STATE_FILE, CheckpointError, load_checkpoint, save_checkpoint
 from .data import RepeatSpec, heldout_batches, training_batch
 from .optim import lr_at, make_optimizer
 
@@ -50,17 +51,33 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"TrainConfig.{name} must be a positive int, got {value!r}")
-        if not 0 <= self.warmup_steps <= self.steps:
+        for name in ("warmup_steps", "checkpoint_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"TrainConfig.{name} must be an int >= 0, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"TrainConfig.seed must be an int, got {self.seed!r}")
+        if not self.warmup_steps <= self.steps:
             raise ValueError(f"TrainConfig.warmup_steps={self.warmup_steps} must be in [0, steps={self.steps}]")
-        if self.grad_clip <= 0:
-            raise ValueError(f"TrainConfig.grad_clip must be > 0, got {self.grad_clip!r}")
-        if self.checkpoint_every < 0:
-            raise ValueError(f"TrainConfig.checkpoint_every must be >= 0, got {self.checkpoint_every!r}")
+        # A NaN or infinite value trains an all-NaN model without any error: refuse it here.
+        for name, low, closed in (("lr", 0.0, False), ("grad_clip", 0.0, False), ("weight_decay", 0.0, True)):
+            value = getattr(self, name)
+            if not _finite(value) or not (value >= low if closed else value > low):
+                raise ValueError(f"TrainConfig.{name} must be a finite number {'>=' if closed else '>'} {low:g}, "
+                                 f"got {value!r}")
+        for name in ("min_lr_frac", "repeat_frac", "random_repeat_frac"):
+            value = getattr(self, name)
+            if not _finite(value) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"TrainConfig.{name} must be a number in [0, 1], got {value!r}")
         self.repeat_spec  # validates the repeat fields
 
     @property
     def repeat_spec(self) -> RepeatSpec:
         return RepeatSpec(self.repeat_frac, self.random_repeat_frac, self.min_repeat, self.max_copies)
+
+
+def _finite(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def init_model(cfg: Config, seed: int, tokenizer=None, device=None,
@@ -82,11 +99,17 @@ class Trainer:
         self.train_stream, self.heldout_stream, self.bos_id = train_stream, heldout_stream, bos_id
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.log, self.progress = log, progress
+        n_ctx = model.cfg.n_ctx
+        if config.repeat_frac > 0 and 2 * config.min_repeat > n_ctx:
+            raise ValueError(f"min_repeat={config.min_repeat} does not fit twice in the model's n_ctx={n_ctx}; "
+                             "use a smaller min_repeat or repeat_frac=0")
+        for name, stream in (("train_stream", train_stream), ("heldout_stream", heldout_stream)):
+            if len(stream) < n_ctx:
+                raise ValueError(f"{name} has {len(stream)} tokens, fewer than the model's n_ctx={n_ctx}")
         self.optimizer = make_optimizer(model, config.lr, config.weight_decay)
         self.generator = torch.Generator().manual_seed(config.seed + 1)
         self.step = 0
         self.history = {"train": [], "eval": []}  # [step, value] pairs
-        n_ctx = model.cfg.n_ctx
         self.eval_set = heldout_batches(heldout_stream, config.eval_batches, config.batch_size, n_ctx,
                                         bos_id, config.seed + 2)
 
@@ -123,11 +146,13 @@ class Trainer:
                 record["eval_loss"] = self.evaluate()
                 self.history["eval"].append([self.step, record["eval_loss"]])
                 model.train()
+            # The log first: a run killed before the save completes resumes from the previous
+            # checkpoint, and the resuming caller drops the log lines after it.
+            if self.log is not None:
+                self.log(record)
             if self.checkpoint_dir is not None and (
                     self.step == until or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)):
                 self.save(self.checkpoint_dir)
-            if self.log is not None:
-                self.log(record)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
@@ -160,16 +185,31 @@ class Trainer:
     @classmethod
     def resume(cls, folder, train_stream, heldout_stream, bos_id: int, tokenizer=None, device=None,
                checkpoint_dir=None, log: Optional[Callable] = None, progress: bool = True) -> "Trainer":
-        """A trainer continuing the checkpoint in ``folder`` (same model, optimizer, data order)."""
+        """A trainer continuing the checkpoint in ``folder`` (same model, optimizer, data order).
+
+        Raises CheckpointError if the checkpoint is damaged or its parts do not fit together.
+        """
         cfg, model_state, state = load_checkpoint(folder)
         model = HookedTransformer(cfg, tokenizer=tokenizer, init=False, device=device)
-        model.load_state_dict(model_state, strict=True)
-        trainer = cls(model, train_stream, heldout_stream, bos_id, TrainConfig(**state["train_config"]),
+        try:
+            model.load_state_dict(model_state, strict=True)
+            config = TrainConfig(**state["train_config"])
+        except (RuntimeError, TypeError, ValueError) as error:
+            raise CheckpointError(f"checkpoint {folder} does not fit together: "
+                                  f"{str(error).strip().splitlines()[0]}") from error
+        trainer = cls(model, train_stream, heldout_stream, bos_id, config,
                       checkpoint_dir=checkpoint_dir if checkpoint_dir is not None else folder, log=log,
                       progress=progress)
-        trainer.optimizer.load_state_dict(state["optimizer"])
-        trainer.generator.set_state(state["data_rng"])
-        trainer.step, trainer.history = state["step"], state["history"]
+        try:
+            trainer.optimizer.load_state_dict(state["optimizer"])
+            trainer.generator.set_state(state["data_rng"])
+            step, history = int(state["step"]), state["history"]
+            if not 0 <= step <= config.steps or set(history) != {"train", "eval"}:
+                raise ValueError(f"step {step} of {config.steps} with history keys {sorted(history)}")
+        except (RuntimeError, TypeError, ValueError, KeyError) as error:
+            raise CheckpointError(f"damaged trainer state in {Path(folder) / STATE_FILE}: "
+                                  f"{str(error).strip().splitlines()[0]}") from error
+        trainer.step, trainer.history = step, history
         return trainer
 
 

@@ -26,10 +26,11 @@ def param_groups(model: nn.Module, weight_decay: float) -> list:
 
 def make_optimizer(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.95),
                    eps: float = 1e-8) -> torch.optim.AdamW:
-    if not lr > 0:
-        raise ValueError(f"lr must be > 0, got {lr!r}")
-    if weight_decay < 0:
-        raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+    # NaN fails every comparison, so "not x > 0" alone would let it through "x < 0" checks.
+    if not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    if not (math.isfinite(weight_decay) and weight_decay >= 0):
+        raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
     # foreach=False: the same per-tensor update on every device, so CPU runs are reproducible.
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps,
                              foreach=False)
@@ -41,6 +42,8 @@ def lr_at(step: int, lr: float, warmup_steps: int, total_steps: int, min_lr_frac
         raise ValueError(f"need 0 <= warmup_steps ({warmup_steps}) <= total_steps ({total_steps}), total > 0")
     if not 0.0 <= min_lr_frac <= 1.0:
         raise ValueError(f"min_lr_frac must be in [0, 1], got {min_lr_frac!r}")
+    if not math.isfinite(lr):
+        raise ValueError(f"lr must be finite, got {lr!r}")
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
