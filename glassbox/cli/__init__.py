@@ -1,6 +1,7 @@
 """The ``glassbox`` command line: one module per subcommand, each with ``add_parser`` and ``run``."""
 
 import importlib
+import os
 import sys
 
 from .errors import Parser, UsageError
@@ -28,6 +29,9 @@ def main(argv=None) -> int:
     except UsageError as error:
         print(f"glassbox {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of stdout went away (glassbox ... | head): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -6,12 +6,11 @@ Without ``--model`` the page shows the shipped model (glassbox-austen); ``--mode
 seeded random tiny GPT-2 (with GPT-2's tokenizer): useful to try the viewer, meaningless as a model.
 """
 
-import sys
-from pathlib import Path
-
 import torch
 
 from ..weights.pretrained import DEFAULT_MODEL
+from .common import load_model, output_file, positive_int, prompt_tokens, seed_arg, tokenizer_of
+from .errors import UsageError, device_arg, user_errors
 
 TINY = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=50257, n_ctx=256)
 
@@ -21,13 +20,14 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"hub name (gpt2, ...), folder, shipped model (default {DEFAULT_MODEL}), "
                         "or 'random' for a seeded random tiny GPT-2")
-    p.add_argument("--prompt", required=True, help="the text whose attention is shown")
-    p.add_argument("--out", default="attention.html", help="HTML file to write (default attention.html)")
+    p.add_argument("--prompt", required=True, help="the text whose attention is shown (at most the model's n_ctx tokens)")
+    p.add_argument("--out", default="attention.html",
+                   help="HTML file to write, replaced if it exists (default attention.html)")
     p.add_argument("--no-bos", action="store_true", help="do not prepend the BOS token")
-    p.add_argument("--max-tokens", type=int, default=256,
+    p.add_argument("--max-tokens", type=positive_int, default=256,
                    help="refuse longer prompts (the page holds layers x heads x tokens^2 values; default 256)")
-    p.add_argument("--device", default=None, help="e.g. cuda; default: cpu")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random default model")
+    p.add_argument("--device", default=None, type=device_arg, help="e.g. cuda; default: cpu")
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed of the random model (--model random; default 0)")
     p.set_defaults(func=run)
 
 
@@ -36,7 +36,7 @@ def build_model(name, device, seed: int):
     from ..models.init import init_weights
 
     if name not in (None, "random"):
-        return HookedTransformer.from_pretrained(name, device=device)
+        return load_model(name, device=device, also_accepted="'random'")
     cfg = Config(**TINY, model_name="random tiny gpt2")
     model = HookedTransformer(cfg, init=False, device=device)
     init_weights(model, cfg, generator=torch.Generator(device=model.cfg_device()).manual_seed(seed))
@@ -54,22 +54,18 @@ def patterns_of(model, tokens) -> torch.Tensor:
 def run(args) -> int:
     from ..interp.plots import attention_viewer_html
 
-    try:
-        model = build_model(args.model, args.device, args.seed)
-        tokens = model.to_tokens(args.prompt, prepend_bos=False if args.no_bos else None)
-    except (OSError, ValueError, KeyError) as err:
-        print(f"glassbox attention: {err}", file=sys.stderr)
-        return 2
+    out = output_file(args.out)
+    model = build_model(args.model, args.device, args.seed)
+    tokenizer_of(model, args.model)
+    tokens = prompt_tokens(model, args.prompt, prepend_bos=False if args.no_bos else None)
     labels = model.to_str_tokens(tokens[0])
     if len(labels) > args.max_tokens:
-        print(f"glassbox attention: the prompt is {len(labels)} tokens, more than --max-tokens={args.max_tokens}; "
-              f"the page would hold {model.cfg.n_layers * model.cfg.n_heads * len(labels) ** 2:,} values",
-              file=sys.stderr)
-        return 2
+        raise UsageError(f"--prompt is {len(labels)} tokens, more than --max-tokens={args.max_tokens} (the page "
+                         f"would hold {model.cfg.n_layers * model.cfg.n_heads * len(labels) ** 2:,} values); "
+                         "shorten the prompt or raise --max-tokens")
     page = attention_viewer_html(patterns_of(model, tokens), labels,
                                  title=f"attention of {model.cfg.model_name}: {len(labels)} tokens")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+    with user_errors(OSError, prefix=f"--out {args.out!r}: cannot write it: "):
+        out.write_text(page, encoding="utf-8")
     print(f"wrote {out} ({model.cfg.n_layers} layers x {model.cfg.n_heads} heads, {len(labels)} tokens)")
     return 0

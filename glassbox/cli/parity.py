@@ -5,7 +5,10 @@ import time
 import torch
 
 from ..weights.pretrained import DEFAULT_MODEL
+from .common import load_model, prompt_tokens, seed_arg
+from .errors import device_arg
 
+PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
 
 
@@ -14,10 +17,13 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"hub name (gpt2, ...), folder, shipped model (default {DEFAULT_MODEL}), "
                         "or 'random' for a seeded random GPT-2-small-shape model")
-    p.add_argument("--prompt", default="The quick brown fox jumps over the lazy dog. The quick brown fox")
+    p.add_argument("--prompt", default=PROMPT,
+                   help="the text both models run (at most the model's n_ctx tokens; a model without a "
+                        f"tokenizer runs on random token ids instead; default {PROMPT!r})")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    p.add_argument("--device", default=None, help="e.g. cuda; default: cpu")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, type=device_arg, help="e.g. cuda; default: cpu")
+    p.add_argument("--seed", type=seed_arg, default=0,
+                   help="seed of the random model and of the random token ids (default 0)")
     p.set_defaults(func=run)
 
 
@@ -26,7 +32,7 @@ def build_model(name, device, dtype, seed):
     from ..weights import hub_config
 
     if name != "random":
-        return HookedTransformer.from_pretrained(name, device=device, dtype=dtype)
+        return load_model(name, device=device, dtype=dtype, also_accepted="'random'")
     torch.manual_seed(seed)
     return HookedTransformer(hub_config("gpt2").replace(model_name="random gpt2"), device=device, dtype=dtype)
 
@@ -38,11 +44,13 @@ def run(args) -> int:
     start = time.perf_counter()
     model = build_model(args.model, args.device, dtype, args.seed)
     try:
-        tokens, source = model.to_tokens(args.prompt), f"prompt {args.prompt!r}"
+        model.tokenizer
     except ValueError as err:  # a model without a tokenizer: compare on random ids instead
         generator = torch.Generator().manual_seed(args.seed)
         tokens = torch.randint(0, model.cfg.d_vocab, (1, min(16, model.cfg.n_ctx)), generator=generator)
         source = f"random token ids ({err})"
+    else:
+        tokens, source = prompt_tokens(model, args.prompt), f"prompt {args.prompt!r}"
     rows = parity_report(model, tokens)
     print(f"model: {model.cfg.model_name} ({model.cfg.n_layers} layers, d_model {model.cfg.d_model}, "
           f"{sum(p.numel() for p in model.parameters()):,} parameters), {args.dtype}, "

@@ -1,0 +1,137 @@
+"""What demo, parity and attention share: loading ``--model``, checking ``--prompt``, ``--seed`` and
+``--out``, each turning the mistakes a user can make into a one-line ``UsageError``.
+
+Only the errors the loader and tokenizer raise on purpose for bad input (ValueError, a missing file,
+a hub name that cannot be fetched) are converted; anything else is a bug and keeps its traceback.
+"""
+
+import argparse
+import os
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..models import HookedTransformer
+from ..weights.pretrained import DEFAULT_MODEL, HUB_MODELS, SHIPPED_DIR, from_pretrained, resolve, shipped_models
+from .errors import UsageError, user_errors
+
+SEED_RANGE = (0, 2 ** 64 - 1)  # torch.manual_seed takes these (and negative ones, mapped onto them)
+
+
+def seed_arg(value: str) -> int:
+    """argparse ``type=`` for ``--seed``: an integer torch.manual_seed accepts."""
+    try:
+        seed = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid seed {value!r}; give an integer such as 0") from None
+    if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise argparse.ArgumentTypeError(f"seed {seed} is out of range; give an integer from 0 to 2**64 - 1")
+    return seed
+
+
+def positive_int(value: str) -> int:
+    """argparse ``type=`` for counts that must be at least 1."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count {value!r}; give a whole number >= 1") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{number} is not a count; give a whole number >= 1")
+    return number
+
+
+def load_model(name: str, device: Optional[str] = None, dtype: torch.dtype = torch.float32,
+               also_accepted: str = "") -> HookedTransformer:
+    """``HookedTransformer.from_pretrained(name)``, with the user's mistakes as UsageError.
+
+    ``also_accepted`` names values the command handles itself (e.g. "'random'"), for the message.
+    """
+    folder = model_folder(name, also_accepted)
+    try:
+        with user_errors(ValueError, prefix=f"--model {name!r}: "):
+            return from_pretrained(folder, device=device, dtype=dtype)
+    except FileNotFoundError as error:  # no config.json, or no weights file
+        raise UsageError(f"--model {name!r}: {error}; a model folder holds config.json and model.safetensors, "
+                         "as save_pretrained and glassbox train write them") from error
+
+
+def model_folder(name: str, also_accepted: str = "") -> Path:
+    accepted = (f"a model folder (config.json and weights, as save_pretrained and glassbox train write), a "
+                f"shipped model ({', '.join(shipped_models()) or 'none'}), a hub name ({', '.join(HUB_MODELS)})"
+                + (f" or {also_accepted}" if also_accepted else ""))
+    path = Path(name).expanduser()
+    if not path.is_dir() and not (SHIPPED_DIR / name).is_dir() and name not in HUB_MODELS:
+        if path.exists():
+            raise UsageError(f"--model {name!r} is a file, not a model folder; give {accepted}")
+        if "/" in name or "\\" in name or name.startswith((".", "~")):
+            raise UsageError(f"--model {name!r}: no such folder; give {accepted}")
+        raise UsageError(f"--model {name!r} is not a known model; give {accepted}")
+    try:
+        return resolve(name)
+    except OSError as error:  # only hub names get here: no network, or not in the cache
+        raise UsageError(hub_failure(name, error.__cause__ or error)) from error
+
+
+def hub_failure(name: str, cause: BaseException) -> str:
+    import huggingface_hub.constants as hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    instead = f"pass a local model folder, or {DEFAULT_MODEL} (shipped with glassbox)"
+    if isinstance(cause, LocalEntryNotFoundError):
+        why = "HF_HUB_OFFLINE is set" if hub.HF_HUB_OFFLINE else "the Hugging Face hub is unreachable"
+        return (f"--model {name!r}: {why} and {name} is not in the local Hugging Face cache ({hub.HF_HUB_CACHE}); "
+                f"download it once with network access, or {instead}")
+    first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+    return f"--model {name!r}: could not fetch it from the Hugging Face hub ({type(cause).__name__}: {first}); {instead}"
+
+
+def tokenizer_of(model: HookedTransformer, name: str):
+    """The model's tokenizer, or a UsageError saying that the folder has none."""
+    try:
+        return model.tokenizer
+    except ValueError:
+        raise UsageError(f"--model {name!r} has no tokenizer (no vocab.json or tokenizer.json in its folder, and "
+                         f"its d_vocab={model.cfg.d_vocab} is not GPT-2's); this command reads text, so give a "
+                         "folder with its tokenizer files") from None
+
+
+def prompt_tokens(model: HookedTransformer, prompt: str, prepend_bos: Optional[bool] = None,
+                  flag: str = "--prompt") -> torch.Tensor:
+    """[1 pos] tokens of a prompt that is not empty and fits the model's context."""
+    if prompt == "":
+        raise UsageError(f"{flag} is empty; give some text")
+    bos = model.cfg.default_prepend_bos if prepend_bos is None else prepend_bos
+    n_tokens = len(model.tokenizer.encode(prompt, add_special_tokens=False)) + int(bos)
+    if n_tokens > model.cfg.n_ctx:
+        raise UsageError(f"{flag} is {n_tokens} tokens{' (BOS included)' if bos else ''}, more than the "
+                         f"{model.cfg.n_ctx} this model reads (n_ctx); give a shorter prompt")
+    if n_tokens == 0:
+        raise UsageError(f"{flag} {prompt!r} tokenizes to no tokens; give some text, or drop --no-bos")
+    return model.to_tokens(prompt, prepend_bos=prepend_bos)
+
+
+def output_folder(out: str) -> Path:
+    """Create the folder ``--out`` names (it may exist), or say why it cannot be one."""
+    path = Path(out).expanduser()
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {out!r} is an existing file; give a folder (new or existing) to write into")
+    with user_errors(OSError, prefix=f"--out {out!r}: cannot create this folder: "):
+        path.mkdir(parents=True, exist_ok=True)
+    if not os.access(path, os.W_OK):
+        raise UsageError(f"--out {out!r}: this folder is not writable; give a folder you can write to")
+    return path
+
+
+def output_file(out: str) -> Path:
+    """Check that ``--out`` can be a file (an existing file is overwritten); create its folder."""
+    path = Path(out).expanduser()
+    if path.is_dir():
+        raise UsageError(f"--out {out!r} is a folder; give a file name, e.g. {str(path / 'attention.html')!r}")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise UsageError(f"--out {out!r}: {str(path.parent)!r} is a file, not a folder; give a path in a folder")
+    with user_errors(OSError, prefix=f"--out {out!r}: cannot create its folder: "):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise UsageError(f"--out {out!r} is not writable; give a file in a folder you can write to")
+    return path
