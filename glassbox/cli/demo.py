@@ -1,31 +1,179 @@
-"""``glassbox demo``: the whole story on one model, written to DIR/index.html and DIR/summary.json."""
+"""``glassbox demo``: the whole story on one model, written to DIR/index.html and DIR/summary.json.
+
+The patching study needs a prompt that repeats a phrase, an answer (one token) after the phrase's
+first occurrence and a distractor (one token) to put in its place. Values the user leaves out come
+from the defaults (" letter", " garden", the Elizabeth prompt); where the model's tokenizer cannot
+express a default as one token, or the default prompt does not fit the model's context, the command
+chooses single-token words of that tokenizer and a shorter prompt instead, and prints what it chose.
+A value the user gives that cannot work is an error naming it.
+"""
+
+import functools
+from typing import NamedTuple, Optional
 
 from ..weights.pretrained import DEFAULT_MODEL
-
-DEFAULT_PROMPT = ("Elizabeth read the letter again, and then walked to the window. When Jane came in, "
-                  "Elizabeth read the")
+from .common import load_model, output_folder, prompt_tokens, tokenizer_of
+from .errors import UsageError, device_arg
 
 
 def add_parser(sub) -> None:
+    from ..interp.report import DEFAULT_ANSWER, DEFAULT_DISTRACTOR, DEFAULT_PROMPT
+
     p = sub.add_parser("demo", help="parity, attention, heads, logit lens and patching in one report")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"hub name, folder or shipped model (default {DEFAULT_MODEL})")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="a prompt that repeats a phrase: '... phrase ANSWER ... phrase'")
-    p.add_argument("--answer", default=" letter", help="the token after the phrase's first occurrence")
-    p.add_argument("--distractor", default=" garden", help="what the corrupted prompt has in its place")
-    p.add_argument("--out", default="glassbox-report", help="output folder")
-    p.add_argument("--device", default=None)
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"hub name (gpt2, ...), folder (save_pretrained, glassbox train) or shipped model "
+                        f"(default {DEFAULT_MODEL})")
+    p.add_argument("--prompt", default=None,
+                   help="a prompt that repeats a phrase: '... phrase ANSWER ... phrase' "
+                        f"(default {DEFAULT_PROMPT!r}, or a shorter one around ANSWER if that does not fit)")
+    p.add_argument("--answer", default=None,
+                   help=f"one token: the token after the phrase's first occurrence (default {DEFAULT_ANSWER!r}, or "
+                        "a single-token word of the model's tokenizer if that is not one token)")
+    p.add_argument("--distractor", default=None,
+                   help=f"one token: what the corrupted prompt has in the answer's place (default {DEFAULT_DISTRACTOR!r},"
+                        " or a single-token word of the model's tokenizer if that is not one token)")
+    p.add_argument("--out", default="glassbox-report", help="output folder, created if needed (default glassbox-report)")
+    p.add_argument("--device", default=None, type=device_arg, help="e.g. cuda; default: cpu")
     p.set_defaults(func=run)
+
+
+class Story(NamedTuple):
+    prompt: str
+    answer: str
+    distractor: str
+    notes: list  # what was chosen instead of a default, and why
+
+
+def choose_story(model, prompt: Optional[str], answer: Optional[str], distractor: Optional[str]) -> Story:
+    """The prompt, answer and distractor of the patching study: the user's values, checked, and for
+    those left out the defaults, or values this model's tokenizer can express."""
+    from ..interp.report import DEFAULT_ANSWER, DEFAULT_DISTRACTOR, single_token_words
+
+    notes = []
+
+    @functools.lru_cache(maxsize=1)
+    def words() -> list:  # only when a default fails or a message needs examples: it reads the whole vocabulary
+        return single_token_words(model)
+
+    def such_as(exclude=()) -> str:
+        some = [w for w in words() if w not in exclude][:3]
+        return "such as " + ", ".join(repr(w) for w in some) if some else "(this tokenizer has none)"
+
+    for flag, value in (("--answer", answer), ("--distractor", distractor)):
+        if value is not None and not_one_token(model, value):
+            raise UsageError(f"{flag} {value!r} {not_one_token(model, value)}; give a single-token word {such_as()}")
+
+    if answer is None and not not_one_token(model, DEFAULT_ANSWER):
+        answer = DEFAULT_ANSWER
+    if answer is None and prompt is not None:
+        raise UsageError(f"--answer not given, and the default {DEFAULT_ANSWER!r} {not_one_token(model, DEFAULT_ANSWER)}; "
+                         "give --answer, the single token that follows the first occurrence of your prompt's "
+                         f"repeated phrase, {such_as()}")
+
+    if prompt is not None:
+        tokens = prompt_tokens(model, prompt)[0].tolist()
+        if token_id(model, answer) not in tokens:
+            raise UsageError(f"--prompt does not contain the answer {answer!r} as a token; write it as "
+                             f"'... phrase{answer} ... phrase', or give --answer, a token of the prompt")
+    else:
+        prompt, tokens, chosen = story_prompt(model, answer, words, notes)
+        if answer is None:
+            notes.insert(0, f"answer {chosen!r} (the default {DEFAULT_ANSWER!r} {not_one_token(model, DEFAULT_ANSWER)})")
+        answer = chosen
+
+    answer_id = token_id(model, answer)
+    if distractor is None:
+        if not not_one_token(model, DEFAULT_DISTRACTOR) and token_id(model, DEFAULT_DISTRACTOR) != answer_id:
+            distractor = DEFAULT_DISTRACTOR
+        else:
+            others = [w for w in words() if token_id(model, w) != answer_id and token_id(model, w) not in tokens]
+            if not others:
+                raise UsageError(f"--distractor not given, and this model's tokenizer has no single-token word "
+                                 f"besides the answer {answer!r} that the prompt lacks; give --distractor")
+            distractor = others[0]
+            reason = not_one_token(model, DEFAULT_DISTRACTOR) or "is the answer's token"
+            notes.append(f"distractor {distractor!r} (the default {DEFAULT_DISTRACTOR!r} {reason})")
+    elif token_id(model, distractor) == answer_id:
+        raise UsageError(f"--distractor {distractor!r} is the answer's token; the corrupted prompt must differ from "
+                         f"the clean one, so give another single-token word {such_as(exclude=(answer,))}")
+    return Story(prompt, answer, distractor, notes)
+
+
+def not_one_token(model, text: str) -> Optional[str]:
+    """Why ``text`` cannot be an answer or distractor for this model's tokenizer, or None if it can."""
+    ids = model.tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) != 1:
+        pieces = " ".join(repr(model.tokenizer.decode([i])) for i in ids)
+        return f"is {len(ids)} tokens for this model's tokenizer" + (f" ({pieces})" if ids else "")
+    if ids[0] in model.tokenizer.all_special_ids:
+        return "is the tokenizer's special token, not a word"
+    return None
+
+
+def token_id(model, text: str) -> int:
+    return model.tokenizer.encode(text, add_special_tokens=False)[0]
+
+
+def story_prompt(model, answer: Optional[str], words, notes: list) -> tuple:
+    """(prompt, its token ids, answer) when the user gave no prompt: the default prompt if it fits the
+    model's context and holds the answer, else the longest repeated-phrase prompt around the answer
+    that fits. With ``answer`` None the answer is chosen too: the first single-token word that the
+    prompt built around it holds exactly once (``words()`` lists the candidates)."""
+    from ..interp.report import DEFAULT_PROMPT, story_prompts
+
+    bos = [model.bos_token_id] if model.cfg.default_prepend_bos else []
+    n_ctx = model.cfg.n_ctx
+
+    def ids(text: str) -> list:
+        return bos + model.tokenizer.encode(text, add_special_tokens=False)
+
+    def chosen(prompt: str, tokens: list, answer: str) -> tuple:
+        if prompt != DEFAULT_PROMPT:
+            default_length = len(ids(DEFAULT_PROMPT))
+            why = (f"the default prompt is {default_length} tokens, more than this model's n_ctx={n_ctx}"
+                   if default_length > n_ctx else f"the default prompt does not hold {answer!r}")
+            notes.append(f"prompt {prompt!r} ({why})")
+        return prompt, tokens, answer
+
+    if answer is not None:
+        candidates = [DEFAULT_PROMPT] + story_prompts(answer)
+        for prompt in candidates:
+            tokens = ids(prompt)
+            if len(tokens) <= n_ctx and token_id(model, answer) in tokens:
+                return chosen(prompt, tokens, answer)
+        shortest = min(len(ids(p)) for p in candidates)
+        raise UsageError(f"the default prompts around the answer {answer!r} are {shortest} or more tokens, more "
+                         f"than this model's n_ctx={n_ctx}; give a shorter --prompt")
+    for template in range(len(story_prompts(""))):
+        for word in words():
+            prompt = story_prompts(word)[template]
+            tokens = ids(prompt)
+            if len(tokens) > n_ctx:
+                break  # every word is one token, so this template is too long for all of them
+            if tokens.count(token_id(model, word)) == 1:
+                return chosen(prompt, tokens, word)
+    shortest = min(len(ids(p)) for p in story_prompts(" x"))
+    raise UsageError(f"the default prompts are {shortest} or more tokens, more than this model's n_ctx={n_ctx} "
+                     "(or its tokenizer has no single-token words); give --prompt and --answer")
 
 
 def run(args) -> int:
     import torch
 
     from ..interp.report import build_report
-    from ..models import HookedTransformer
 
+    out = output_folder(args.out)
+    for name in ("index.html", "summary.json"):
+        if (out / name).is_dir():
+            raise UsageError(f"--out {args.out!r} holds a folder named {name}, where the report writes a file; "
+                             "give another folder")
     torch.manual_seed(0)
-    model = HookedTransformer.from_pretrained(args.model, device=args.device)
-    summary = build_report(model, args.prompt, args.answer, args.distractor, args.out)
+    model = load_model(args.model, device=args.device)
+    tokenizer_of(model, args.model)
+    story = choose_story(model, args.prompt, args.answer, args.distractor)
+    for note in story.notes:
+        print(f"chose {note}")
+    summary = build_report(model, story.prompt, story.answer, story.distractor, out)
     print(f"model {summary['model']['name']}: {summary['model']['n_layers']} layers, "
           f"{summary['model']['parameters']:,} parameters")
     print(f"parity with transformers: worst relative difference {summary['parity_worst_relative']:.1e}")
@@ -33,7 +181,7 @@ def run(args) -> int:
     print(f"previous-token heads: {best(summary['previous_token_heads'])}")
     print(f"induction heads: {best(summary['induction_heads'])}")
     patch = summary["patching"]
-    print(f"logit difference {args.answer!r} - {args.distractor!r}: clean {patch['clean_logit_diff']:.2f}, "
+    print(f"logit difference {story.answer!r} - {story.distractor!r}: clean {patch['clean_logit_diff']:.2f}, "
           f"corrupted {patch['corrupted_logit_diff']:.2f}")
     print(f"report: {summary['report']} (and summary.json beside it) in {summary['seconds']:.1f} s")
     return 0

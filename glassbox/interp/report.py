@@ -5,9 +5,15 @@ offline page of plotly figures) and ``out_dir/summary.json`` (every number shown
 summary. The patching story is induction: the prompt repeats a phrase, the clean run saw ``answer``
 after its first occurrence, the corrupted run sees ``distractor`` there instead, and the metric is
 the normalised logit difference (answer - distractor) at the last position.
+
+``answer`` and ``distractor`` must each be one token of the model's tokenizer. For a tokenizer that
+cannot express the defaults (a small BPE vocabulary written by ``glassbox train``),
+``single_token_words`` lists the words it can, and ``story_prompts(answer)`` the repeated-phrase
+prompts built around one, longest first, for a model whose context is short.
 """
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Optional
@@ -21,6 +27,38 @@ from .patching import LogitDiff, Normalized, patch_resid_pre
 from .plots import attention_selector, logit_lens_plot, patching_heatmap, save_html
 
 INDUCTION_SEQ_LEN = 20
+DEFAULT_ANSWER, DEFAULT_DISTRACTOR = " letter", " garden"
+# The repeated-phrase prompts, longest first; {answer} follows the phrase's first occurrence.
+STORY_TEMPLATES = (
+    "Elizabeth read the{answer} again, and then walked to the window. When Jane came in, Elizabeth read the",
+    "Elizabeth read the{answer}. Then Elizabeth read the",
+    "Jane read{answer}. Jane read",
+)
+DEFAULT_PROMPT = STORY_TEMPLATES[0].format(answer=DEFAULT_ANSWER)
+# Tried first as answer and distractor when the defaults are not single tokens.
+PREFERRED_WORDS = (" letter", " garden", " book", " house", " room", " door", " hand", " day", " time", " man")
+
+
+def story_prompts(answer: str) -> list:
+    """The repeated-phrase prompts around ``answer``, longest first."""
+    return [template.format(answer=answer) for template in STORY_TEMPLATES]
+
+
+def single_token_words(model: HookedTransformer) -> list:
+    """Words (a space and letters) that the model's tokenizer encodes as one token, in a fixed order:
+    PREFERRED_WORDS first, then longer words before shorter ones, then by token id."""
+    tokenizer = model.tokenizer
+    vocab = sorted(tokenizer.get_vocab().values())
+    special = set(tokenizer.all_special_ids)
+    words = {}
+    for token_id in vocab:
+        if token_id in special:
+            continue
+        text = tokenizer.decode([token_id])
+        if re.fullmatch(r" [A-Za-z]+", text) and tokenizer.encode(text, add_special_tokens=False) == [token_id]:
+            words.setdefault(text, token_id)
+    rank = {word: i for i, word in enumerate(PREFERRED_WORDS)}
+    return sorted(words, key=lambda w: (rank.get(w, len(rank)), -len(w), words[w]))
 
 
 def corrupt_first(model: HookedTransformer, tokens: torch.Tensor, answer: str, distractor: str) -> tuple:
@@ -34,6 +72,11 @@ def corrupt_first(model: HookedTransformer, tokens: torch.Tensor, answer: str, d
     corrupted = tokens.clone()
     corrupted[0, hits[0]] = distractor_id
     return corrupted, answer_id, distractor_id, hits[0]
+
+
+def induction_seq_len(model: HookedTransformer) -> int:
+    """INDUCTION_SEQ_LEN random tokens, fewer if BOS and two copies would not fit the model's context."""
+    return max(1, min(INDUCTION_SEQ_LEN, (model.cfg.n_ctx - 1) // 2))
 
 
 def head_table(scores: torch.Tensor, top: int = 5) -> list:
@@ -76,7 +119,8 @@ def build_report(model: HookedTransformer, prompt: str, answer: str, distractor:
     patterns = torch.stack([cache["pattern", layer][0] for layer in range(model.cfg.n_layers)])
 
     previous = detect_head(model, cache, "previous_token")
-    induction = induction_score(model, INDUCTION_SEQ_LEN, n_repeats=2, batch=8, seed=0, bos_token_id=model.bos_token_id)
+    seq_len = induction_seq_len(model)
+    induction = induction_score(model, seq_len, n_repeats=2, batch=8, seed=0, bos_token_id=model.bos_token_id)
 
     lens, labels = cache.accumulated_resid(apply_ln=True, pos_slice=-1, return_labels=True)
     lens_log_probs = model.unembed(lens).log_softmax(-1)[:, 0]  # [layer d_vocab] at the last position
@@ -93,7 +137,7 @@ def build_report(model: HookedTransformer, prompt: str, answer: str, distractor:
                      "parity with transformers (same weights, eager attention)"),
         attention_selector(patterns, str_tokens, title="attention patterns of the prompt"),
         scores_figure(previous, "previous-token score of each head (on the prompt)"),
-        scores_figure(induction, f"induction score of each head (BOS + random tokens, {INDUCTION_SEQ_LEN} x 2)"),
+        scores_figure(induction, f"induction score of each head (BOS + random tokens, {seq_len} x 2)"),
         logit_lens_plot(lens_series, labels, [f"log p({answer!r})", f"log p({distractor!r})"],
                         title="logit lens at the last position", y_title="log probability"),
         patching_heatmap(sweep, title=f"patching resid_pre from clean into corrupted ({metric.name}; "
@@ -108,7 +152,7 @@ def build_report(model: HookedTransformer, prompt: str, answer: str, distractor:
         "parity": [{"stage": r.stage, "max_abs_diff": r.max_abs_diff, "max_abs_ref": r.max_abs_ref} for r in parity],
         "parity_worst_relative": max(r.rel_diff for r in parity),
         "previous_token_heads": head_table(previous),
-        "induction_heads": head_table(induction),
+        "induction_heads": head_table(induction), "induction_seq_len": seq_len,
         "logit_lens": {"labels": labels, "answer": answer, "distractor": distractor,
                        "answer_log_prob": lens_series[0].tolist(), "distractor_log_prob": lens_series[1].tolist()},
         "patching": {"activation": "resid_pre", "axes": list(sweep.axes), "corrupted_position": replaced,
