@@ -109,27 +109,27 @@ def test_tensor_of_an_integer_dtype_is_named_not_cast(hf, folder):
 # -- folders of another size or architecture ---------------------------------------------------------
 def test_config_with_fewer_layers_than_the_weights_is_refused(folder):
     write_config(folder, n_layer=1)
-    with pytest.raises(ValueError, match=rf"{folder / 'model.safetensors'} has \d+ tensor\(s\) that its config does not "
-                                         r"describe, e\.g\. \['transformer\.h\.1\."):
+    with pytest.raises(ValueError, match=rf"{folder / 'config.json'}: n_layer=1, but {folder / 'model.safetensors'} "
+                                         r"holds weights for 2 layer\(s\) \(indices 0\.\.1\)"):
         from_pretrained(str(folder))
 
 
 def test_config_with_more_layers_than_the_weights_is_refused(folder):
     write_config(folder, n_layer=3)
-    with pytest.raises(ValueError, match=r"missing 12 tensor\(s\), e\.g\. \['transformer\.h\.2\.ln_1\.weight'"):
+    with pytest.raises(ValueError, match=r"n_layer=3, but .* holds weights for 2 layer\(s\)"):
         from_pretrained(str(folder))
 
 
 def test_config_of_another_width_names_the_first_tensor(folder):
     write_config(folder, n_embd=18)
-    with pytest.raises(ValueError, match=r"tensor transformer.wte.weight has shape \(29, 15\), expected \(29, 18\)"):
+    with pytest.raises(ValueError, match=r"n_embd=18, but .* holds transformer.wte.weight of shape \(29, 15\)"):
         from_pretrained(str(folder))
 
 
 def test_another_architectures_weights_under_a_gpt2_config(folder):
     llama_like = {"model.embed_tokens.weight": torch.randn(29, 15), "model.norm.weight": torch.ones(15)}
     save_file(llama_like, str(folder / "model.safetensors"))
-    with pytest.raises(ValueError, match=r"missing \d+ tensor\(s\), e\.g\. \['transformer\.wte\.weight'"):
+    with pytest.raises(ValueError, match=r"n_layer=2, but .* holds no layer weights"):
         from_pretrained(str(folder))
 
 
@@ -176,7 +176,8 @@ def test_sharded_folder_loads(hf, folder):
 
 def test_index_naming_a_missing_shard_names_it(hf, folder):
     shard(hf, folder, ["a.safetensors", "gone.safetensors"])
-    with pytest.raises(ValueError, match=rf"could not read weights file {folder / 'gone.safetensors'}"):
+    with pytest.raises(ValueError, match=rf"maps \d+ tensor\(s\) \(e\.g\. transformer\.h\.0\..*\) to shard "
+                                         rf"gone.safetensors, which is not in {folder}"):
         from_pretrained(str(folder))
 
 

@@ -3,7 +3,15 @@
 
 Errors name the file and what went wrong: a truncated safetensors file names the first tensor whose
 bytes are missing (read from its header); a checkpoint that needs more than tensors to unpickle is
-refused with the object it wanted; an index may only name shard files inside its own folder."""
+refused with the object it wanted; a JSON file that is not an object (a list, deep nesting) is
+refused naming it.
+
+Sharded weights: the index's ``weight_map`` is the truth. It may only name shard files inside its
+own folder, every shard it names must exist, every tensor must sit in the shard the index names
+(checked from the shards' headers before any tensor is read) and every tensor of a shard must be in
+the index; a contradiction names the tensor and both files, rather than taking whichever shard
+sorts last. ``weight_shapes`` reads only headers, so a config can be compared with the weights
+before anything large is built."""
 
 import json
 from pathlib import Path
@@ -30,17 +38,82 @@ def read_state_dict(folder: Path) -> dict:
     if (folder / SAFETENSORS).is_file():
         return read_safetensors(folder / SAFETENSORS)
     if (folder / SAFETENSORS_INDEX).is_file():
-        index = _read_json(folder / SAFETENSORS_INDEX)
+        weight_map = read_index(folder)
+        check_shards(folder, weight_map)
         state = {}
-        for shard in sorted(set(index.get("weight_map", {}).values())):
-            if not isinstance(shard, str) or Path(shard).name != shard:
-                raise ValueError(f"{folder / SAFETENSORS_INDEX} names shard {shard!r}, which is not a file name "
-                                 "in the same folder")
+        for shard in sorted(set(weight_map.values())):
             state.update(read_safetensors(folder / shard))
         return state
     if (folder / PYTORCH_BIN).is_file():
         return read_torch_checkpoint(folder / PYTORCH_BIN)
     raise FileNotFoundError(f"no weights in {folder}: expected {SAFETENSORS}, {SAFETENSORS_INDEX} or {PYTORCH_BIN}")
+
+
+def weight_shapes(folder: Path) -> dict:
+    """Tensor name -> shape of a folder's weights, from the safetensors headers alone (no tensor is
+    read; sharded weights are checked against their index first). A PyTorch checkpoint has no
+    header, so it is read."""
+    folder = Path(folder)
+    if (folder / SAFETENSORS).is_file():
+        return safetensors_shapes(folder / SAFETENSORS)
+    if (folder / SAFETENSORS_INDEX).is_file():
+        shapes = {}
+        for found in check_shards(folder, read_index(folder)).values():
+            shapes.update(found)
+        return shapes
+    return {name: tuple(t.shape) for name, t in read_state_dict(folder).items()}
+
+
+def read_index(folder: Path) -> dict:
+    """The ``weight_map`` of a sharded folder's index: tensor name -> shard file name, validated."""
+    path = Path(folder) / SAFETENSORS_INDEX
+    index = _read_json(path)
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{path}: 'weight_map' must be a non-empty object mapping tensor names to shard "
+                         f"files, got {type(weight_map).__name__}")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
+            raise ValueError(f"{path} names shard {shard!r}, which is not a file name in the same folder "
+                             f"(for tensor {name})")
+    for shard in sorted(set(weight_map.values())):
+        if not (Path(folder) / shard).is_file():
+            tensors = [n for n, s in weight_map.items() if s == shard]
+            raise ValueError(f"{path} maps {len(tensors)} tensor(s) (e.g. {tensors[0]}) to shard {shard}, "
+                             f"which is not in {folder}")
+    return weight_map
+
+
+def check_shards(folder: Path, weight_map: dict) -> dict:
+    """Shard -> {tensor: shape} from the shards' headers, each tensor where the index says it is."""
+    folder = Path(folder)
+    index = folder / SAFETENSORS_INDEX
+    found = {}
+    for shard in sorted(set(weight_map.values())):
+        found[shard] = safetensors_shapes(folder / shard)
+        for name in found[shard]:
+            mapped = weight_map.get(name)
+            if mapped is None:
+                raise ValueError(f"{folder / shard} holds tensor {name}, which {index} does not list: "
+                                 "the index and the shards disagree")
+            if mapped != shard:
+                raise ValueError(f"tensor {name} is in {folder / shard}, but {index} maps it to {mapped}: "
+                                 "the index and the shards contradict each other")
+    for name, shard in weight_map.items():
+        if name not in found[shard]:
+            raise ValueError(f"{index} maps tensor {name} to {folder / shard}, which does not hold it")
+    return found
+
+
+def safetensors_shapes(path: Path) -> dict:
+    """Tensor name -> shape from a safetensors file's header, without reading any tensor."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except Exception as err:  # safetensors raises its own error types for truncated/corrupt headers
+        raise ValueError(f"could not read weights file {path}: {err}{_safetensors_diagnosis(Path(path))}") from err
 
 
 def read_safetensors(path: Path) -> dict:
@@ -105,7 +178,18 @@ def read_config(folder: Path) -> dict:
 
 
 def _read_json(path: Path) -> dict:
+    """A JSON object from ``path``; anything else (bad JSON, a list, nesting too deep) names the file."""
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"could not read {path}: {err}") from err
+    except RecursionError:
+        raise ValueError(f"could not read {path}: its JSON is nested too deeply to parse") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} must hold a JSON object, got a JSON {_json_kind(value)}")
+    return value
+
+
+def _json_kind(value) -> str:
+    return {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(
+        type(value), "null" if value is None else type(value).__name__)
