@@ -1,5 +1,6 @@
-"""Weights: pure converters (GPT-2, Llama, GPT-J), loading by name or folder, export to Hugging Face,
-and weight processing (fold_ln and friends)."""
+"""Weights: pure converters (GPT-2, Llama, GPT-J), loading by name or folder (checked before anything is
+built), export to Hugging Face (independent tensors; folders replaced in one swap), and weight
+processing (fold_ln and friends)."""
 
 from .architectures import ARCHITECTURES
 from .files import read_state_dict

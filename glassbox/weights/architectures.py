@@ -36,7 +36,7 @@ ARCHITECTURES = {
 
 def architecture_of_type(model_type, source: str = "config") -> Architecture:
     """The entry for a Hugging Face ``model_type``; ValueError naming the supported ones."""
-    if model_type not in ARCHITECTURES:
+    if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
         raise ValueError(f"{source} describes model_type={model_type!r}; glassbox converts "
                          f"{', '.join(ARCHITECTURES)}")
     return ARCHITECTURES[model_type]

@@ -4,6 +4,13 @@ Names resolve in this order: a local folder; a model shipped inside the package;
 (gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2) fetched or found in the local Hugging Face
 cache by ``huggingface_hub`` (so ``HF_HUB_OFFLINE=1`` with a filled cache works). No weight
 processing happens on load unless asked for (see ``processing.py``): our logits equal the HF model's.
+
+A folder is checked before the model is built: config.json's fields (``checks.py``), then the
+config against the weights' header (layer count, embedding sizes), then every tensor's shape. A
+tokenizer with more tokens than the model's vocabulary is refused (one with fewer is fine: some
+vocabularies are padded); a damaged tokenizer file is an error naming the folder. A folder that an
+interrupted ``save_pretrained`` left renamed aside is put back first (``export.recover``).
+Exporting (``to_hf``, ``save_pretrained``) lives in ``export.py``.
 """
 
 from pathlib import Path
@@ -12,10 +19,15 @@ from typing import Optional, Union
 import torch
 
 from ..models import Config, HookedTransformer
-from .files import read_config, read_state_dict, weights_file
-from .architectures import architecture_of_config, architecture_of_type
+from .architectures import architecture_of_type
+from .checks import check_against_weights, check_config_fields
+from .export import recover, save_pretrained, to_hf
+from .files import read_config, read_state_dict, weight_shapes, weights_file
 from .gpt2 import config_from_hf
 from .processing import STEPS, process
+
+__all__ = ["DEFAULT_MODEL", "HUB_MODELS", "from_hf", "from_pretrained", "hub_config", "load_folder", "resolve",
+           "save_pretrained", "shipped_models", "to_hf"]
 
 # Hub names -> (n_layer, n_embd, n_head); vocabulary 50257 and context 1024 for all of them.
 HUB_MODELS = {
@@ -50,7 +62,7 @@ def shipped_models() -> list:
 def resolve(name_or_path: Union[str, Path]) -> Path:
     """The local folder holding a model's config.json and weights."""
     path = Path(name_or_path).expanduser()
-    if path.is_dir():
+    if path.is_dir() or (not path.exists() and recover(path)):
         return path
     name = str(name_or_path)
     if (SHIPPED_DIR / name).is_dir():
@@ -89,18 +101,58 @@ def load_folder(folder: Path, device=None, dtype: torch.dtype = torch.float32,
 
     folder = Path(folder)
     config = read_config(folder)
-    arch = architecture_of_type(config.get("model_type"), source=str(folder / "config.json"))
-    hf_config = getattr(transformers, arch.hf_config_class).from_dict(config)
-    cfg = arch.config_from(hf_config).replace(model_name=folder.name)
-    state = arch.to_glassbox(read_state_dict(folder), cfg, source=str(weights_file(folder)))
+    source = str(folder / "config.json")
+    model_type = config.get("model_type")
+    arch = architecture_of_type(model_type, source=source)
+    check_config_fields(config, model_type, source)
+    try:
+        hf_config = getattr(transformers, arch.hf_config_class).from_dict(config)
+    except Exception as err:  # transformers validates some fields itself, with its own error types
+        raise ValueError(f"{source}: transformers refused the config ({type(err).__name__}: {err})") from err
+    weights = str(weights_file(folder))
+    check_against_weights(hf_config, model_type, weight_shapes(folder), source, weights)
+    try:
+        cfg = arch.config_from(hf_config).replace(model_name=folder.name)
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}") from err
+    state = arch.to_glassbox(read_state_dict(folder), cfg, source=weights)
+    tokenizer_source = "the tokenizer= argument"
     if tokenizer is None and any((folder / f).is_file() for f in TOKENIZER_FILES):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    return build(cfg, state, tokenizer, device, dtype)
+        tokenizer, tokenizer_source = load_tokenizer(folder), f"saved in {folder}"
+    return build(cfg, state, tokenizer, device, dtype, tokenizer_source)
 
 
-def build(cfg: Config, state: dict, tokenizer, device, dtype) -> HookedTransformer:
+def load_tokenizer(folder: Path):
+    """The tokenizer saved in ``folder``; a damaged file is an error naming the folder and its files."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as err:  # tokenizers and transformers raise many types for damaged files
+        files = ", ".join(sorted(p.name for p in Path(folder).iterdir() if p.name in TOKENIZER_FILES + (
+            "merges.txt", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")))
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ValueError(f"could not load the tokenizer in {folder} (files: {files}): {type(err).__name__}: "
+                         f"{first[:300]}; repair or remove the damaged tokenizer files") from err
+
+
+def check_tokenizer(tokenizer, cfg: Config, source: str) -> None:
+    """A tokenizer may not produce ids the model has no embedding for."""
+    if tokenizer is None:
+        return
+    try:
+        size = len(tokenizer)
+    except TypeError:
+        return  # not a sized tokenizer: nothing to compare
+    if size > cfg.d_vocab:
+        raise ValueError(f"the tokenizer ({source}) has {size} tokens but the model's vocabulary has "
+                         f"d_vocab={cfg.d_vocab}: ids {cfg.d_vocab}..{size - 1} would have no embedding. Pass the "
+                         "model's own tokenizer (a smaller one is fine)")
+
+
+def build(cfg: Config, state: dict, tokenizer, device, dtype,
+          tokenizer_source: str = "the tokenizer= argument") -> HookedTransformer:
+    check_tokenizer(tokenizer, cfg, tokenizer_source)
     model = HookedTransformer(cfg, tokenizer=tokenizer, init=False, device=device, dtype=dtype)
     model.load_state_dict(state, strict=True)
     return model.eval()
@@ -113,36 +165,3 @@ def from_hf(hf_model, tokenizer=None, device=None, dtype: Optional[torch.dtype] 
     state = arch.to_glassbox(hf_model.state_dict(), cfg)
     first = next(hf_model.parameters())
     return build(cfg, state, tokenizer, device or first.device, dtype or first.dtype)
-
-
-def to_hf(model: HookedTransformer):
-    """HookedTransformer -> ``transformers`` GPT2LMHeadModel, LlamaForCausalLM or GPTJForCausalLM (the
-    first that can represent the config; eager attention) with the same weights."""
-    import transformers
-
-    arch = architecture_of_config(model.cfg)
-    hf_config = arch.config_to(model.cfg)
-    hf_config._attn_implementation = "eager"
-    hf_class = getattr(transformers, arch.hf_model_class)
-    first = next(model.parameters())
-    state = arch.to_hf(model.state_dict(), model.cfg)
-    if arch.model_type != "gpt2":
-        # Built for real: their rotary tables are non-persistent buffers that a meta build would lack.
-        hf_model = hf_class(hf_config).to(first.dtype)
-        hf_model.load_state_dict(state, strict=True)
-        return hf_model.to(first.device).eval()
-    with torch.device("meta"):
-        hf_model = hf_class(hf_config)
-    hf_model.load_state_dict(state, strict=False, assign=True)
-    if model.cfg.tied_unembed:
-        hf_model.tie_weights()
-    return hf_model.to(first.device).eval()
-
-
-def save_pretrained(model: HookedTransformer, folder) -> None:
-    """Write a Hugging Face folder (GPT-2, Llama or GPT-J) that ``transformers`` and glassbox both load."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    to_hf(model).save_pretrained(str(folder))
-    if model._tokenizer is not None or model.cfg.d_vocab == 50257:
-        model.tokenizer.save_pretrained(str(folder))

@@ -1,0 +1,106 @@
+"""Checks of a model folder before anything is built: the config's fields, then the config against
+the weights' own header.
+
+``check_config_fields``: every field glassbox reads from config.json has the right JSON type (sizes
+positive integers, rates finite numbers, flags booleans, names strings), so a wrong type is an error
+naming the file and the field, not a TypeError from deep inside ``transformers`` or the model.
+
+``check_against_weights``: the config's layer count and embedding sizes match the tensors the
+weights hold (names and shapes from the safetensors header, so no tensor is read). A config claiming
+10**6 layers over 2 layers of weights is refused at once, naming the field and what the weights
+hold, instead of after building bookkeeping for a million layers.
+"""
+
+import math
+import re
+from typing import Mapping
+
+# Field kinds: "size" (positive int), "size?" (positive int or null), "number" (finite, > 0),
+# "number>=0", "str", "bool", "object?" (JSON object or null).
+CONFIG_FIELDS = {
+    "gpt2": {"n_layer": "size", "n_embd": "size", "n_head": "size", "vocab_size": "size", "n_positions": "size",
+             "n_inner": "size?", "activation_function": "str", "layer_norm_epsilon": "number",
+             "initializer_range": "number>=0", "tie_word_embeddings": "bool", "scale_attn_weights": "bool",
+             "scale_attn_by_inverse_layer_idx": "bool"},
+    "llama": {"num_hidden_layers": "size", "hidden_size": "size", "num_attention_heads": "size",
+              "num_key_value_heads": "size?", "vocab_size": "size", "max_position_embeddings": "size",
+              "intermediate_size": "size", "head_dim": "size?", "hidden_act": "str", "rms_norm_eps": "number",
+              "initializer_range": "number>=0", "rope_theta": "number", "tie_word_embeddings": "bool",
+              "attention_bias": "bool", "mlp_bias": "bool", "rope_parameters": "object?", "rope_scaling": "object?"},
+    "gptj": {"n_layer": "size", "n_embd": "size", "n_head": "size", "vocab_size": "size", "n_positions": "size",
+             "n_inner": "size?", "rotary_dim": "size?", "activation_function": "str",
+             "layer_norm_epsilon": "number", "initializer_range": "number>=0", "tie_word_embeddings": "bool"},
+}
+
+# model_type -> (config field of the layer count, pattern whose group is a layer index,
+#                [(embedding-like tensor names, (config field of each axis))]).
+WEIGHT_LAYOUT = {
+    "gpt2": ("n_layer", r"(?:transformer\.)?h\.(\d+)\.",
+             [(("transformer.wte.weight", "wte.weight"), ("vocab_size", "n_embd")),
+              (("transformer.wpe.weight", "wpe.weight"), ("n_positions", "n_embd"))]),
+    "llama": ("num_hidden_layers", r"model\.layers\.(\d+)\.",
+              [(("model.embed_tokens.weight",), ("vocab_size", "hidden_size"))]),
+    "gptj": ("n_layer", r"transformer\.h\.(\d+)\.",
+             [(("transformer.wte.weight",), ("vocab_size", "n_embd"))]),
+}
+
+KIND_TEXT = {"size": "a positive integer", "size?": "a positive integer or null", "number": "a finite number > 0",
+             "number>=0": "a finite number >= 0", "str": "a string", "bool": "true or false",
+             "object?": "a JSON object or null"}
+
+
+def check_config_fields(config: dict, model_type: str, source: str) -> None:
+    """Each known field of ``config`` (a parsed config.json) has its kind; ValueError naming it."""
+    for field, kind in CONFIG_FIELDS.get(model_type, {}).items():
+        if field in config and not _is_kind(config[field], kind):
+            raise ValueError(f"{source}: field {field!r} must be {KIND_TEXT[kind]}, got "
+                             f"{_short(config[field])} ({type(config[field]).__name__})")
+
+
+def _is_kind(value, kind: str) -> bool:
+    if kind.endswith("?") and value is None:
+        return True
+    kind = kind.rstrip("?")
+    if kind == "size":
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    if kind in ("number", "number>=0"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        return value > 0 if kind == "number" else value >= 0
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "object":
+        return isinstance(value, dict)
+    raise AssertionError(kind)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_against_weights(hf_config, model_type: str, shapes: Mapping[str, tuple], config_source: str,
+                          weights_source: str) -> None:
+    """The config's layer count and embedding sizes agree with the weights' tensor names and shapes."""
+    if model_type not in WEIGHT_LAYOUT:
+        return
+    layer_field, pattern, embeddings = WEIGHT_LAYOUT[model_type]
+    claimed = getattr(hf_config, layer_field)
+    found = sorted({int(m.group(1)) for m in map(re.compile(pattern).match, shapes) if m})
+    if len(found) != claimed or found != list(range(len(found))):  # never a list of the claimed size
+        held = (f"weights for {len(found)} layer(s)" + (f" (indices {found[0]}..{found[-1]})" if found else "")
+                if found else "no layer weights")
+        raise ValueError(f"{config_source}: {layer_field}={claimed}, but {weights_source} holds {held}: the "
+                         "config does not describe these weights")
+    for names, fields in embeddings:
+        name = next((n for n in names if n in shapes), None)
+        if name is None:
+            continue  # a missing tensor is named by the converter's own check
+        shape = tuple(shapes[name])
+        claimed = tuple(getattr(hf_config, f) for f in fields)
+        if shape != claimed:
+            wrong = next((i for i, (a, b) in enumerate(zip(claimed, shape + (None,) * len(claimed))) if a != b), 0)
+            raise ValueError(f"{config_source}: {fields[wrong]}={claimed[wrong]}, but {weights_source} holds "
+                             f"{name} of shape {shape} ({', '.join(fields)} = {shape})")
