@@ -80,7 +80,8 @@ def test_post_norm_model_equals_a_hand_written_forward_pass(tied):
     expected = x @ p["embed.W_E" if tied else "unembed.W_U_T"].T  # no final norm after a post-norm block
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), expected, atol=1e-10, rtol=0)
-        torch.testing.assert_close(model.float()(tokens), expected.float(), atol=1e-5, rtol=0)
+        # measured 5.7e-6 in float32 (logits up to 14.4); bound 5e-5, 9x
+        torch.testing.assert_close(model.float()(tokens), expected.float(), atol=5e-5, rtol=0)
 
 
 # -- rotary --------------------------------------------------------------------------------------
@@ -137,7 +138,8 @@ def test_rotary_scores_depend_only_on_relative_position(style):
     _, _, scores = run_attention(attn, x, base)
     for shift in (1, 5, cfg.n_ctx - 7):
         _, _, shifted = run_attention(attn, x, base + shift)
-        torch.testing.assert_close(shifted, scores, atol=1e-5, rtol=0, msg=lambda m: f"shift {shift}: {m}")
+        # measured 3.8e-6 (float32 scores up to 18.8); bound 4e-5, 10x
+        torch.testing.assert_close(shifted, scores, atol=4e-5, rtol=0, msg=lambda m: f"shift {shift}: {m}")
     _, _, stretched = run_attention(attn, x, base * 2)
     finite = torch.isfinite(scores)
     assert (stretched[finite] - scores[finite]).abs().max() > 0.1, "positions must matter, not only be ignored"

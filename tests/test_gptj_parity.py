@@ -78,7 +78,8 @@ def test_every_layer_matches_gptj_hidden_states_and_attentions(hf_gptj, tokens):
     for L in range(cfg.n_layers):
         torch.testing.assert_close(acts[f"blocks.{L}.hook_resid_pre"], out.hidden_states[L], atol=1e-5, rtol=0,
                                    msg=lambda m, L=L: f"resid_pre of layer {L} differs from HF hidden_states[{L}]: {m}")
-        torch.testing.assert_close(acts[f"blocks.{L}.attn.hook_pattern"], out.attentions[L], atol=1e-6, rtol=0,
+        # measured 4.5e-7 (probabilities); bound 5e-6, 11x
+        torch.testing.assert_close(acts[f"blocks.{L}.attn.hook_pattern"], out.attentions[L], atol=5e-6, rtol=0,
                                    msg=lambda m, L=L: f"pattern of layer {L} differs from HF attentions[{L}]: {m}")
 
 

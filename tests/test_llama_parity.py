@@ -62,7 +62,8 @@ def test_logits_match_llama(tied, tokens):
         expected = hf(tokens).logits
         got = model(tokens)
     assert expected.abs().max() > 1.0, "logits too small for the comparison to mean anything"
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    # measured 4.8e-6 (logits up to 6.0); bound 5e-5, 10x
+    torch.testing.assert_close(got, expected, atol=5e-5, rtol=0)
 
 
 def test_every_layer_matches_llama_hidden_states_and_attentions(hf_llama, tokens):
@@ -74,9 +75,11 @@ def test_every_layer_matches_llama_hidden_states_and_attentions(hf_llama, tokens
         model.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith(("resid_pre", "pattern")),
                                                  lambda x, hook: acts.__setitem__(hook.name, x))])
     for L in range(cfg.n_layers):
-        torch.testing.assert_close(acts[f"blocks.{L}.hook_resid_pre"], out.hidden_states[L], atol=1e-5, rtol=0,
+        # measured 3.8e-6 (residual stream up to 12.8); bound 4e-5, 10x
+        torch.testing.assert_close(acts[f"blocks.{L}.hook_resid_pre"], out.hidden_states[L], atol=4e-5, rtol=0,
                                    msg=lambda m, L=L: f"resid_pre of layer {L} differs from HF hidden_states[{L}]: {m}")
-        torch.testing.assert_close(acts[f"blocks.{L}.attn.hook_pattern"], out.attentions[L], atol=1e-6, rtol=0,
+        # measured 3.6e-7 (probabilities); bound 4e-6, 11x
+        torch.testing.assert_close(acts[f"blocks.{L}.attn.hook_pattern"], out.attentions[L], atol=4e-6, rtol=0,
                                    msg=lambda m, L=L: f"pattern of layer {L} differs from HF attentions[{L}]: {m}")
 
 
@@ -87,7 +90,8 @@ def test_left_padded_batch_matches_unpadded_rows(hf_llama):
     padded = torch.cat([torch.zeros(1, 4, dtype=torch.long), row], dim=1)
     mask = torch.cat([torch.zeros(1, 4), torch.ones(1, 9)], dim=1)
     with torch.no_grad():
-        torch.testing.assert_close(model(padded, attention_mask=mask)[:, 4:], hf_llama(row).logits, atol=1e-5, rtol=0)
+        # measured 3.0e-6 (logits up to 6.0); bound 3e-5, 10x
+        torch.testing.assert_close(model(padded, attention_mask=mask)[:, 4:], hf_llama(row).logits, atol=3e-5, rtol=0)
 
 
 def test_round_trip_ours_llama_ours_is_exact(hf_llama):
@@ -112,8 +116,8 @@ def test_export_to_llama_gives_same_logits(tokens):
             param.add_(0.2 * torch.randn_like(param))
     exported = LlamaForCausalLM(config_to_llama(cfg)).eval()
     exported.load_state_dict(glassbox_to_llama(model.state_dict(), cfg), strict=True)
-    with torch.no_grad():
-        torch.testing.assert_close(exported(tokens).logits, model(tokens), atol=1e-5, rtol=0)
+    with torch.no_grad():  # measured 3.8e-6 (logits up to 6.3); bound 4e-5, 10x
+        torch.testing.assert_close(exported(tokens).logits, model(tokens), atol=4e-5, rtol=0)
 
 
 def test_refusals_name_the_problem(hf_llama):

@@ -112,8 +112,9 @@ def test_options_and_chunking_give_identical_results():
         assert len(members) == 1 or len(members) * N_PROMPTS * sweep.row_bytes(SEQ - first, False) <= 50_000
     for options in (dict(memory_budget=50_000), dict(reuse_prefix=False), dict(bands=3), dict(bands=SEQ),
                     dict(bands=SEQ, memory_budget=50_000)):
+        # measured 7.2e-7 (values up to 1.5); bound 1e-5, 14x
         torch.testing.assert_close(patch_resid_pre(model, corrupted, cache, METRIC, **options).values,
-                                   reference.values, atol=1e-6, rtol=0, msg=str(options))
+                                   reference.values, atol=1e-5, rtol=0, msg=str(options))
     # A plain callable gets full logits; a PositionMetric only its read position: same numbers.
     full = patch_resid_pre(model, corrupted, cache, lambda logits: METRIC(logits))
     torch.testing.assert_close(full.values, reference.values, atol=1e-6, rtol=0)
@@ -132,7 +133,7 @@ def test_dict_cache_and_inference_mode_cache_are_accepted():
         _, inference_cache = model.run_with_cache(clean, names_filter=names)
         inside = patch_resid_pre(model, corrupted, inference_cache, METRIC).values
     plain = patch_resid_pre(model, corrupted, {n: cache[n] for n in names}, METRIC).values
-    torch.testing.assert_close(inside, reference.values, atol=1e-6, rtol=0)
+    torch.testing.assert_close(inside, reference.values, atol=5e-6, rtol=0)  # measured 4.8e-7; 10x
     torch.testing.assert_close(plain, reference.values, atol=0, rtol=0)
 
 

@@ -137,7 +137,7 @@ def test_from_pretrained_opts_in_and_records(tmp_path, tokens):
     assert plain.processing == ()
     folded = from_pretrained(tmp_path, fold_ln=True, center_writing_weights=True)
     assert folded.processing == ("fold_ln", "center_writing_weights")
-    assert_same_predictions(plain, folded, tokens, 1e-5, logits_shift_allowed=False)
+    assert_same_predictions(plain, folded, tokens, 3e-5, logits_shift_allowed=False)  # see the small-shape test
     with pytest.raises(TypeError, match="unexpected options for from_pretrained: fold_layernorm"):
         from_pretrained(tmp_path, fold_layernorm=True)
 
@@ -154,9 +154,10 @@ def small_processed(small_model):
 
 
 def test_small_shape_processing_preserves_log_probs(small_model, small_processed, small_tokens):
-    """Log-probs within 1e-5; logits up to one constant per position (center_unembed is applied).
-    Exact logits without center_unembed are checked on the tiny models above, to 1e-12."""
-    assert_same_predictions(small_model, small_processed, small_tokens, 1e-5, logits_shift_allowed=True)
+    """Log-probs within 3e-5 (measured 2.9e-6, log-probs down to -13.3: 10x); logits up to one constant
+    per position (center_unembed is applied). Exact logits without center_unembed are checked on the
+    tiny float64 models above, to 1e-12."""
+    assert_same_predictions(small_model, small_processed, small_tokens, 3e-5, logits_shift_allowed=True)
 
 
 def test_small_shape_logit_attributions_agree(small_model, small_processed, small_tokens):

@@ -73,7 +73,7 @@ def test_logits_match_transformers_on_the_trained_weights(model):
     with torch.no_grad():
         ours, theirs = model(tokens), hf(tokens).logits
     assert theirs.abs().max().item() > 5.0, "trained logits should be far from the tiny initial ones"
-    torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=0)
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)  # measured 9.5e-6 (logits up to 17.1); 10x
 
 
 def test_greedy_continuation_matches_transformers(model):
