@@ -44,9 +44,11 @@ def load_tokenizer(folder: Union[str, Path]):
     from transformers import GPT2TokenizerFast
 
     folder = Path(folder)
-    for name in (VOCAB_FILE, MERGES_FILE):
-        if not (folder / name).is_file():
-            raise FileNotFoundError(f"no {name} in {folder}")
+    # GPT-2's two files, or the single tokenizer.json that newer transformers versions save alone.
+    if not (folder / "tokenizer.json").is_file():
+        for name in (VOCAB_FILE, MERGES_FILE):
+            if not (folder / name).is_file():
+                raise FileNotFoundError(f"no {name} (nor tokenizer.json) in {folder}")
     return GPT2TokenizerFast.from_pretrained(str(folder))
 
 
