@@ -87,8 +87,12 @@ class ActivationCache(Mapping):
             return layer
         n_layers = cfg.n_layers
         if not -n_layers <= layer < n_layers:
+            try:
+                missing = f": this model has no {act_name(*key)}" if layer >= 0 else ""
+            except KeyError:
+                missing = ""
             raise KeyError(f"layer {layer} of key {key!r} is outside [-n_layers, n_layers) = [-{n_layers}, "
-                           f"{n_layers})")
+                           f"{n_layers}){missing}")
         return layer + n_layers if layer < 0 else layer
 
     # -- whole-cache operations ---------------------------------------------------------------
