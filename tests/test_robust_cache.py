@@ -194,6 +194,11 @@ def test_figure_labels_and_hover_escape_markup():
     assert list(fig.layout.xaxis.ticktext) == ESCAPED and list(fig.layout.yaxis.ticktext) == ESCAPED
     hover = fig.data[0].text
     assert hover[0][1] == "query 0 '&lt;b&gt;x&lt;/b&gt;'<br>key 1 'a&amp;b'"  # the <br> between them is ours
+    from glassbox.interp.patching import PatchResult
+
+    titled = patching_heatmap(PatchResult(torch.zeros(2, 4), ("layer", "pos"), metric="LogitDiff('<b>', ' x')"))
+    assert titled.layout.title.text == "patching  (LogitDiff('&lt;b&gt;', ' x'))"
+    assert patching_heatmap(torch.zeros(2, 4), title="<b>mine</b>").layout.title.text == "<b>mine</b>"  # the caller's
     heat = patching_heatmap(torch.zeros(2, 4), x_labels=MARKUP, y_labels=["<b>0</b>", "1"])
     assert list(heat.layout.xaxis.ticktext) == ESCAPED
     assert list(heat.layout.yaxis.ticktext) == ["&lt;b&gt;0&lt;/b&gt;", "1"]

@@ -51,8 +51,8 @@ def patching_heatmap(result: Union[PatchResult, Tensor], title: Optional[str] = 
                                    hovertemplate="%{text}<br>%{z:.4f}<extra></extra>"), row=i, col=1)
         fig.update_xaxes(**index_axis(cols, x_axis), row=i, col=1)
         fig.update_yaxes(**index_axis(rows, y_axis), autorange="reversed", row=i, col=1)
-    metric = f" ({result.metric})" if result.metric else ""
-    fig.update_layout(title=title if title is not None else f"patching {result.name}{metric}",
+    metric = f" ({result.metric})" if result.metric else ""  # a metric's repr may hold tokens: escaped
+    fig.update_layout(title=title if title is not None else escape(f"patching {result.name}{metric}"),
                       coloraxis=dict(colorscale=DIVERGING, cmin=-bound, cmax=bound),  # symmetric: 0 is white
                       height=max(350, 300 * len(panels)))
     return fig
