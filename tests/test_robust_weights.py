@@ -251,6 +251,24 @@ def test_save_into_a_new_or_empty_folder_and_over_a_file(models, tmp_path):
         save_pretrained(old, tmp_path / "file")
 
 
+def test_a_swap_keeps_permissions_and_symlinks(models, tmp_path):
+    import os
+
+    old, new, _, new_logits = models
+    (tmp_path / "plain").mkdir()  # the mode a new folder gets here (umask applied)
+    usual = (tmp_path / "plain").stat().st_mode & 0o777
+    save_pretrained(old, tmp_path / "fresh")
+    assert (tmp_path / "fresh").stat().st_mode & 0o777 == usual, "the saved folder is not private to the user"
+    os.chmod(tmp_path / "fresh", 0o750)
+    save_pretrained(new, tmp_path / "fresh")
+    assert (tmp_path / "fresh").stat().st_mode & 0o777 == 0o750, "a replaced folder keeps its mode"
+    (tmp_path / "link").symlink_to(tmp_path / "fresh")
+    save_pretrained(old, tmp_path / "link")
+    save_pretrained(new, tmp_path / "link")
+    assert (tmp_path / "link").is_symlink() and torch.equal(logits(from_pretrained(tmp_path / "link")), new_logits)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "link", "plain"]
+
+
 # -- 4. shards follow the index --------------------------------------------------------------------
 def state_of(hf):
     return {k: v.detach().clone().contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
@@ -344,6 +362,14 @@ def test_an_impossible_config_is_refused_fast_from_the_header(folder, monkeypatc
         tracemalloc.stop()
     assert elapsed < 1.0, f"{elapsed:.2f} s"
     assert peak < 20 * 2**20, f"{peak / 2**20:.1f} MiB of bookkeeping"
+
+
+def test_a_pytorch_checkpoint_folder_is_compared_too(hf, folder):
+    (folder / "model.safetensors").unlink()
+    torch.save(state_of(hf), folder / "pytorch_model.bin")
+    write_config(folder, n_layer=10**6)
+    with pytest.raises(ValueError, match=rf"n_layer=1000000, but {folder / 'pytorch_model.bin'} holds weights for 2"):
+        from_pretrained(folder)
 
 
 def test_an_impossible_llama_config_is_refused_naming_its_field(tmp_path):

@@ -18,7 +18,6 @@ never a mix. A save also removes temporary siblings that an interrupted save lef
 
 import os
 import shutil
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Optional
@@ -73,14 +72,21 @@ def save_pretrained(model: HookedTransformer, folder) -> None:
     """Write a Hugging Face folder (GPT-2, Llama or GPT-J) that ``transformers`` and glassbox both
     load, replacing any model already there in one swap (see the module docstring)."""
     folder = Path(folder).absolute()
+    if folder.is_symlink():  # replace the folder the link points to, and keep the link
+        folder = folder.resolve()
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(f"save_pretrained: {folder} exists and is not a folder")
     folder.parent.mkdir(parents=True, exist_ok=True)
     recover(folder, clean=True)
     hf_model = to_hf(model, share_memory=True)  # only written, never edited: no copy needed
     tokenizer = model.tokenizer if (model._tokenizer is not None or model.cfg.d_vocab == 50257) else None
-    tmp = Path(tempfile.mkdtemp(prefix=folder.name + TMP_TAG, dir=folder.parent))
+    # os.mkdir (not mkdtemp, which makes it private to the user): the folder gets the usual permissions,
+    # or those of the folder it replaces.
+    tmp = folder.parent / f"{folder.name}{TMP_TAG}{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
     try:
+        if folder.is_dir():
+            shutil.copymode(folder, tmp)
         _write(hf_model, tokenizer, tmp)
         if folder.is_dir():
             _carry_over(folder, tmp)
@@ -121,10 +127,11 @@ def recover(folder: Path, clean: bool = False) -> Optional[Path]:
     old siblings that are no longer needed. Returns the folder restored, if any."""
     folder = Path(folder).absolute()
     parent = folder.parent
-    if not parent.is_dir():
+    try:
+        olds = sorted((p for p in parent.iterdir() if p.name.startswith(folder.name + OLD_TAG) and p.is_dir()),
+                      key=lambda p: p.stat().st_mtime)
+    except OSError:  # no parent folder, or one that cannot be listed: nothing to recover
         return None
-    olds = sorted((p for p in parent.iterdir() if p.name.startswith(folder.name + OLD_TAG) and p.is_dir()),
-                  key=lambda p: p.stat().st_mtime)
     restored = None
     if not folder.exists() and olds:
         _rename(olds[-1], folder)

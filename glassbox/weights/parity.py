@@ -29,7 +29,8 @@ class ParityRow:
 @torch.no_grad()
 def parity_report(model: HookedTransformer, tokens: Tensor, hf_model=None) -> list:
     """Compare ``model`` with ``hf_model`` (default: ``model.to_hf()``, eager attention) on ``tokens``."""
-    hf_model = hf_model if hf_model is not None else to_hf(model)
+    # Only run, never edited: the export may share the model's memory.
+    hf_model = hf_model if hf_model is not None else to_hf(model, share_memory=True)
     tokens = tokens.to(next(model.parameters()).device)
     ref = hf_model(tokens, output_hidden_states=True, output_attentions=True)
     acts = {}

@@ -22,7 +22,7 @@ from ..models import Config, HookedTransformer
 from .architectures import architecture_of_type
 from .checks import check_against_weights, check_config_fields
 from .export import recover, save_pretrained, to_hf
-from .files import read_config, read_state_dict, weight_shapes, weights_file
+from .files import PYTORCH_BIN, read_config, read_state_dict, weight_shapes, weights_file
 from .gpt2 import config_from_hf
 from .processing import STEPS, process
 
@@ -109,13 +109,16 @@ def load_folder(folder: Path, device=None, dtype: torch.dtype = torch.float32,
         hf_config = getattr(transformers, arch.hf_config_class).from_dict(config)
     except Exception as err:  # transformers validates some fields itself, with its own error types
         raise ValueError(f"{source}: transformers refused the config ({type(err).__name__}: {err})") from err
-    weights = str(weights_file(folder))
-    check_against_weights(hf_config, model_type, weight_shapes(folder), source, weights)
+    weights = weights_file(folder)
+    # A PyTorch checkpoint has no header to read shapes from: it is read once, here.
+    tensors = read_state_dict(folder) if weights.name == PYTORCH_BIN else None
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()} if tensors is not None else weight_shapes(folder)
+    check_against_weights(hf_config, model_type, shapes, source, str(weights))
     try:
         cfg = arch.config_from(hf_config).replace(model_name=folder.name)
     except ValueError as err:
         raise ValueError(f"{source}: {err}") from err
-    state = arch.to_glassbox(read_state_dict(folder), cfg, source=weights)
+    state = arch.to_glassbox(tensors if tensors is not None else read_state_dict(folder), cfg, source=str(weights))
     tokenizer_source = "the tokenizer= argument"
     if tokenizer is None and any((folder / f).is_file() for f in TOKENIZER_FILES):
         tokenizer, tokenizer_source = load_tokenizer(folder), f"saved in {folder}"
