@@ -238,6 +238,21 @@ def test_weights_failing_after_the_config_is_written_keep_the_old_model(models, 
     assert siblings(folder) == [] and torch.equal(logits(from_pretrained(folder)), old_logits)
 
 
+def test_a_load_puts_back_a_folder_left_renamed_aside(models, tmp_path):
+    """The one window where the folder is absent: renamed aside, the new one not yet in place."""
+    old, new, old_logits, new_logits = models
+    folder = tmp_path / "model"
+    save_pretrained(old, folder)
+    folder.rename(tmp_path / "model.glassbox-old-0123abcd")
+    (tmp_path / "model.glassbox-tmp-4567abcd").mkdir()  # a half-written new folder
+    (tmp_path / "model.glassbox-tmp-4567abcd" / "config.json").write_text("{")
+    assert torch.equal(logits(from_pretrained(folder)), old_logits)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model.glassbox-tmp-4567abcd"]
+    save_pretrained(new, folder)  # a save removes the leftover
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    assert torch.equal(logits(from_pretrained(folder)), new_logits)
+
+
 def test_save_into_a_new_or_empty_folder_and_over_a_file(models, tmp_path):
     old, _, old_logits, _ = models
     save_pretrained(old, tmp_path / "a" / "b")
@@ -397,6 +412,8 @@ def test_an_impossible_llama_config_is_refused_naming_its_field(tmp_path):
     ({"activation_function": 3}, "field 'activation_function' must be a string, got 3 (int)"),
     ({"tie_word_embeddings": "yes"}, "field 'tie_word_embeddings' must be true or false, got 'yes' (str)"),
     ({"model_type": ["gpt2"]}, "describes model_type=['gpt2']"),
+    ({"n_head": 4}, "Config.d_model=15 is not divisible by n_heads=4"),
+    ({"activation_function": "tanh"}, "GPT-2 activation_function 'tanh' is not one of"),
 ])
 def test_wrong_field_types_name_the_file_and_the_field(folder, changes, words):
     write_config(folder, **changes)
