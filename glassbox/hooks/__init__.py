@@ -1,6 +1,6 @@
 """Hook points and the hook-managing base class of every hooked model."""
 
-from .hook_point import HookFn, HookHandle, HookPoint
+from .hook_point import HookFn, HookHandle, HookPoint, Registration
 from .root import HookedRootModule, unknown_name_message
 
-__all__ = ["HookFn", "HookHandle", "HookPoint", "HookedRootModule", "unknown_name_message"]
+__all__ = ["HookFn", "HookHandle", "HookPoint", "HookedRootModule", "Registration", "unknown_name_message"]
