@@ -68,3 +68,25 @@ def test_out_of_range_position_and_answers_that_do_not_tile(logits):
         LogitDiff(0, 1, pos=5)(logits)
     with pytest.raises(ValueError, match="one per prompt"):
         LogitDiff(torch.tensor([1, 2, 3, 4]), 0)(logits)  # 4 answers cannot tile 6 rows
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: LogitDiff(-1, 2), "correct token id -1 is negative"),
+    (lambda: LogitDiff(1, torch.tensor([2, -3])), "wrong token id -3 is negative"),
+    (lambda: TargetProb(-2), "target token id -2 is negative"),
+])
+def test_negative_token_ids_are_refused_when_made(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+@pytest.mark.parametrize("metric, message", [
+    (LogitDiff(7, 1), r"correct token id 7 is outside \[0, d_vocab=7\)"),
+    (LogitDiff(torch.tensor([1, 2, 9]), 0), r"correct token id 9 is outside \[0, d_vocab=7\)"),
+    (TargetLoss(8), r"target token id 8 is outside \[0, d_vocab=7\)"),
+    (Normalized(TargetProb(7), 1.0, 0.0), r"normalised probability: target token id 7 is outside"),
+])
+def test_token_ids_beyond_the_vocabulary_are_named(logits, metric, message):
+    # Before, these failed inside torch.gather ("index 7 is out of bounds for dimension 1 with size 7").
+    with pytest.raises(ValueError, match=message):
+        metric(logits)

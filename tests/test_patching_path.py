@@ -123,3 +123,11 @@ def test_bad_paths_are_named(setup, senders, receivers, message):
     with pytest.raises(ValueError, match=message):
         path_patch(model, corrupted, clean_cache, METRIC, senders, receivers)
     assert not model.has_hooks
+
+
+def test_layer_0_receivers_are_refused_by_the_sender_sweep(setup):
+    """No head precedes a layer-0 receiver; the sweep names it instead of failing on an empty grid."""
+    model, corrupted, clean_cache, _ = setup
+    with pytest.raises(ValueError, match=r"receiver \(0, 2, 'k'\) is in layer 0: no sender head can precede it"):
+        path_patch_heads(model, corrupted, clean_cache, METRIC, [(1, 0, "q"), (0, 2, "k")])
+    assert not model.has_hooks

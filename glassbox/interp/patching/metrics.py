@@ -10,6 +10,10 @@ unembeds only that position instead of the whole sequence; calling it on full lo
 numbers. ``Normalized`` rescales any of them to ``(patched - corrupted) / (clean - corrupted)``:
 1 on the clean run, 0 on the corrupted one.
 
+Token ids (answers, targets) must lie in [0, d_vocab): a negative id is refused when the metric is
+made, an id >= d_vocab when it first meets logits (a sweep checks before its first forward); both
+errors name the argument and the id.
+
 Footgun: with padded prompts the last real token is not at position -1; pass ``pos`` per prompt.
 """
 
@@ -42,6 +46,13 @@ def _as_ids(ids: Ids, what: str) -> Tensor:
     return ids.long()
 
 
+def _as_token_ids(ids: Ids, what: str) -> Tensor:
+    ids = _as_ids(ids, what)
+    if ids.numel() and int(ids.min()) < 0:
+        raise ValueError(f"{what} token id {int(ids.min())} is negative; token ids lie in [0, d_vocab)")
+    return ids
+
+
 class PositionMetric:
     """A metric reading the logits at one position per prompt.
 
@@ -66,6 +77,16 @@ class PositionMetric:
         if key not in self._copies:
             self._copies[key] = values.to(device=device, dtype=dtype or values.dtype)
         return self._copies[key]
+
+    def token_ids(self) -> dict:
+        """Argument name -> the token ids [prompt] (CPU) this metric indexes the logits with."""
+        return {}
+
+    def check_vocab(self, d_vocab: int) -> None:
+        """Refuse, naming the argument and the id, any token id outside [0, d_vocab) (a CPU check)."""
+        for what, ids in self.token_ids().items():
+            if ids.numel() and int(ids.max()) >= d_vocab:
+                raise ValueError(f"{self.name}: {what} token id {int(ids.max())} is outside [0, d_vocab={d_vocab})")
 
     def positions(self, n_rows: int, seq_len: int, device) -> Int[Tensor, "batch"]:
         """The absolute position read in each of ``n_rows`` rows of a ``seq_len`` sequence."""
@@ -95,9 +116,13 @@ class LogitDiff(PositionMetric):
 
     def __init__(self, correct: Ids, wrong: Ids, pos: Ids = -1):
         super().__init__(pos=pos)
-        self.correct, self.wrong = _as_ids(correct, "correct"), _as_ids(wrong, "wrong")
+        self.correct, self.wrong = _as_token_ids(correct, "correct"), _as_token_ids(wrong, "wrong")
+
+    def token_ids(self) -> dict:
+        return {"correct": self.correct, "wrong": self.wrong}
 
     def read(self, logits: Float[Tensor, "batch d_vocab"]) -> Float[Tensor, "batch"]:
+        self.check_vocab(logits.shape[-1])
         n, device = logits.shape[0], logits.device
         correct = per_row(self.on(self.correct, device), n, "correct")[:, None]
         wrong = per_row(self.on(self.wrong, device), n, "wrong")[:, None]
@@ -111,9 +136,13 @@ class TargetProb(PositionMetric):
 
     def __init__(self, target: Ids, pos: Ids = -1):
         super().__init__(pos=pos)
-        self.target = _as_ids(target, "target")
+        self.target = _as_token_ids(target, "target")
+
+    def token_ids(self) -> dict:
+        return {"target": self.target}
 
     def read(self, logits: Float[Tensor, "batch d_vocab"]) -> Float[Tensor, "batch"]:
+        self.check_vocab(logits.shape[-1])
         target = per_row(self.on(self.target, logits.device), logits.shape[0], "target")[:, None]
         return _log_probs(logits).gather(-1, target)[:, 0].exp()
 
@@ -125,9 +154,13 @@ class TargetLoss(PositionMetric):
 
     def __init__(self, target: Ids, pos: Ids = -1):
         super().__init__(pos=pos)
-        self.target = _as_ids(target, "target")
+        self.target = _as_token_ids(target, "target")
+
+    def token_ids(self) -> dict:
+        return {"target": self.target}
 
     def read(self, logits: Float[Tensor, "batch d_vocab"]) -> Float[Tensor, "batch"]:
+        self.check_vocab(logits.shape[-1])
         target = per_row(self.on(self.target, logits.device), logits.shape[0], "target")[:, None]
         return -_log_probs(logits).gather(-1, target)[:, 0]
 
@@ -159,7 +192,11 @@ class Normalized(PositionMetric):
             clean, corrupted = clean.mean(), corrupted.mean()
         return cls(metric, clean.cpu(), corrupted.cpu())
 
+    def token_ids(self) -> dict:
+        return self.metric.token_ids()
+
     def read(self, logits: Float[Tensor, "batch d_vocab"]) -> Float[Tensor, "batch"]:
+        self.check_vocab(logits.shape[-1])  # named as this metric, before the wrapped one checks
         value = self.metric.read(logits)
         n, device, dtype = value.shape[0], value.device, value.dtype
         clean = per_row(self.on(self.clean, device, dtype), n, "clean")

@@ -14,6 +14,12 @@ two for the noising direction, as the IOI paper runs it).
 Every sender must sit in a layer before every receiver. Sender sets run side by side along the
 batch axis, in passes bounded by the memory budget; in run 1 each joins the batch at its first
 sender layer from the cached corrupted residual stream. Hooks are removed however a run ends.
+
+Under user hooks (on the model, or ``fwd_hooks=``) the result is that of the two plain forwards
+above run under the same hooks, the user's hooks running before the freezing, capturing and
+patching hooks at each hook point: frozen values are the corrupted run's after the user's hooks,
+run 1's receiver inputs are captured after them, and run 2 applies them again before patching.
+``user_hooks.py`` states what a user hook must be.
 """
 
 from collections.abc import Mapping
@@ -27,6 +33,7 @@ from .engine import DEFAULT_MEMORY_BUDGET, Sweep, check_clean, progress_bar
 from .readout import Readout
 from .result import PatchResult
 from .runner import run_blocks, run_staggered, start_resid
+from .user_hooks import user_hooks
 
 Receivers = Union[str, Sequence[tuple]]
 KINDS = ("q", "k", "v")
@@ -35,30 +42,44 @@ KINDS = ("q", "k", "v")
 def path_patch(model, corrupted_tokens: Union[Int[Tensor, "batch pos"], str, list], clean_cache: Mapping,
                metric: Callable, senders: Sequence[tuple], receivers: Receivers = "logits", *,
                attention_mask: Optional[Tensor] = None, freeze_mlps: bool = False, reduce: Optional[str] = "mean",
-               memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
+               memory_budget: int = DEFAULT_MEMORY_BUDGET, fwd_hooks: Sequence = ()) -> Tensor:
     """The metric with the heads ``senders`` [(layer, head), ...] path-patched into ``receivers``.
 
+    ``fwd_hooks`` are attached for the whole call, like hooks already on the model (``user_hooks.py``).
     Returns a 0-d tensor (the mean over prompts), or [batch] with ``reduce=None``.
     """
     sweep = Sweep(model, corrupted_tokens, attention_mask, metric, reduce, memory_budget, False, False, 1)
     senders = [check_head(model, s, "sender") for s in senders]
     if not senders:
         raise ValueError("senders is empty: give at least one (layer, head)")
-    out = run_paths(sweep, clean_cache, [senders], parse_receivers(model, receivers, senders), freeze_mlps)[0]
+    parsed = parse_receivers(model, receivers, senders)
+    with user_hooks(model, fwd_hooks, sweep.n_prompts) as hooked:
+        sweep.honour_user_hooks(hooked)
+        out = run_paths(sweep, clean_cache, [senders], parsed, freeze_mlps)[0]
     return out.mean() if reduce == "mean" else out
 
 
 def path_patch_heads(model, corrupted_tokens: Union[Int[Tensor, "batch pos"], str, list], clean_cache: Mapping,
                      metric: Callable, receivers: Receivers = "logits", *, attention_mask: Optional[Tensor] = None,
                      freeze_mlps: bool = False, reduce: Optional[str] = "mean",
-                     memory_budget: int = DEFAULT_MEMORY_BUDGET, progress: bool = False) -> PatchResult:
-    """Each head alone as the sender: a PatchResult [layer head]; heads not before every receiver are NaN."""
+                     memory_budget: int = DEFAULT_MEMORY_BUDGET, progress: bool = False,
+                     fwd_hooks: Sequence = ()) -> PatchResult:
+    """Each head alone as the sender: a PatchResult [layer head]; heads not before every receiver are NaN.
+
+    ``fwd_hooks`` are attached for the whole sweep, like hooks already on the model (``user_hooks.py``).
+    """
     sweep = Sweep(model, corrupted_tokens, attention_mask, metric, reduce, memory_budget, progress, False, 1)
     cfg = model.cfg
     parsed = parse_receivers(model, receivers, [])
     limit = cfg.n_layers if parsed == "logits" else min(layer for layer, _, _ in parsed)
+    if limit == 0:
+        receiver = min(parsed)
+        raise ValueError(f"receiver {receiver} is in layer 0: no sender head can precede it, so every head "
+                         "would be NaN; choose receivers in layer 1 or later")
     heads = [(layer, head) for layer in range(limit) for head in range(cfg.n_heads)]
-    values = run_paths(sweep, clean_cache, [[h] for h in heads], parsed, freeze_mlps)
+    with user_hooks(model, fwd_hooks, sweep.n_prompts) as hooked:
+        sweep.honour_user_hooks(hooked)
+        values = run_paths(sweep, clean_cache, [[h] for h in heads], parsed, freeze_mlps)
     out = torch.full((cfg.n_layers * cfg.n_heads, sweep.n_prompts), float("nan"), dtype=values.dtype,
                      device=values.device)
     out[: len(heads)] = values
@@ -83,7 +104,8 @@ def run_paths(sweep: Sweep, clean_cache: Mapping, variants: list, receivers, fre
     sweep.ensure_base(frozen)
     dtype = sweep.base.resid_pre(0).dtype
     clean_z = {L: clean_cache[z_name(L)].to(sweep.device, dtype) for L in sender_layers}
-    readout = Readout(model, sweep.base, sweep.metric, sweep.read_pos, len(variants), sweep.memory_budget)
+    readout = Readout(model, sweep.base, sweep.metric, sweep.read_pos, len(variants), sweep.memory_budget,
+                      sweep.full_readout)
     per_pass = sweep.variants_per_pass(sweep.seq_len, False)
     order = sorted(range(len(variants)), key=lambda i: min(layer for layer, _ in variants[i]))
     n_passes = -(-len(order) // per_pass)
