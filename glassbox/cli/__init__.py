@@ -25,7 +25,9 @@ def build_parser() -> Parser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args) or 0
+        code = args.func(args) or 0
+        sys.stdout.flush()  # inside the try: a reader that went away shows here, not at exit
+        return code
     except UsageError as error:
         print(f"glassbox {args.command}: error: {error}", file=sys.stderr)
         return 2

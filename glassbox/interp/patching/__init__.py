@@ -2,6 +2,8 @@
 
 ``activation_patch`` is the one engine; ``sweeps.py`` names the common sweeps (TransformerLens's
 meanings); ``path.py`` restricts a patch to chosen paths. Metrics return one value per prompt.
+Every sweep honours the user's forward hooks (on the model, or ``fwd_hooks=``) as a
+one-patch-per-forward loop under those hooks would (``user_hooks.py``).
 """
 
 from .engine import ACTIVATIONS, activation_patch

@@ -24,6 +24,13 @@ Contract: ``clean_cache`` is any mapping hook name -> activation of the clean ru
 run's shape (an ``ActivationCache`` or a dict). Hooks are attached only while one block of a pass
 runs and are removed even when a hook, the metric or a KeyboardInterrupt interrupts; weights are
 never written.
+
+User hooks (forward hooks on the model when a sweep starts, or ``fwd_hooks=``) are honoured: the
+result equals a one-patch-per-forward loop run under the same hooks, at any ``memory_budget``. Each
+user hook is called per variant on the loop's batch of prompts, every position is computed (the
+prefix reuse is off) and, when the final norm is hooked, the readout takes full logits; the user's
+hooks run before the patch at one hook point. ``user_hooks.py`` has the details and what a hook
+must be (a function of activation, hook and ``hook.ctx``, not of how often it is called).
 """
 
 import itertools
@@ -41,6 +48,7 @@ from .metrics import PositionMetric
 from .readout import Readout
 from .result import PatchResult
 from .runner import base_run, run_staggered
+from .user_hooks import readout_hooked, user_hooks
 
 ACTIVATIONS = {
     "resid_pre": "blocks.{L}.hook_resid_pre", "resid_mid": "blocks.{L}.hook_resid_mid",
@@ -61,7 +69,8 @@ def activation_patch(model, corrupted_tokens: Union[Int[Tensor, "batch pos"], st
                      metric: Metric, activation: Union[str, Sequence[str]], axes: Sequence[str], *,
                      attention_mask: Optional[Tensor] = None, reduce: Optional[str] = "mean",
                      memory_budget: int = DEFAULT_MEMORY_BUDGET, progress: bool = False,
-                     reuse_prefix: bool = True, bands: Optional[int] = DEFAULT_BANDS) -> PatchResult:
+                     reuse_prefix: bool = True, bands: Optional[int] = DEFAULT_BANDS,
+                     fwd_hooks: Sequence = ()) -> PatchResult:
     """Patch ``activation`` from ``clean_cache`` into the corrupted run, one variant per grid point.
 
     Args:
@@ -74,14 +83,18 @@ def activation_patch(model, corrupted_tokens: Union[Int[Tensor, "batch pos"], st
         memory_budget: bytes one pass, or one batch of logits, may use (estimated).
         progress: show a tqdm bar over variants.
         reuse_prefix, bands: the position-prefix reuse described in the module docstring.
+        fwd_hooks: (name_or_filter, fn) forward hooks attached for the whole sweep, honoured like
+            hooks already on the model (``user_hooks.py``).
     """
     sweep = Sweep(model, corrupted_tokens, attention_mask, metric, reduce, memory_budget, progress,
                   reuse_prefix, bands)
-    if isinstance(activation, str):
-        return sweep.run(clean_cache, activation, tuple(axes))
-    if not activation:
+    if not isinstance(activation, str) and not activation:
         raise ValueError("activation is an empty list")
-    results = [sweep.run(clean_cache, a, tuple(axes)) for a in activation]
+    with user_hooks(model, fwd_hooks, sweep.n_prompts) as hooked:
+        sweep.honour_user_hooks(hooked)
+        if isinstance(activation, str):
+            return sweep.run(clean_cache, activation, tuple(axes))
+        results = [sweep.run(clean_cache, a, tuple(axes)) for a in activation]
     first = results[0]
     return PatchResult(torch.stack([r.values for r in results]), ("component",) + first.axes,
                        {"component": [r.name for r in results], **first.labels},
@@ -113,7 +126,16 @@ class Sweep:
         self.read_pos = None
         if isinstance(metric, PositionMetric):  # validated once, here
             self.read_pos = metric.positions(self.n_prompts, self.seq_len, self.device)
+            metric.check_vocab(model.cfg.d_vocab)
         self.base = None
+        self.full_readout = False
+
+    def honour_user_hooks(self, hooked: bool) -> None:
+        """Under user hooks, compute every position (hooks see true indices) and, when the final
+        norm or unembedding is hooked, read out full logits through them."""
+        if hooked:
+            self.reuse_prefix = False
+            self.full_readout = readout_hooked(self.model)
 
     # -- planning ----------------------------------------------------------------------------
     def sizes(self, axis: str) -> int:
@@ -189,7 +211,8 @@ class Sweep:
                                                               self.n_prompts))]
             return hooks
 
-        readout = Readout(model, self.base, self.metric, self.read_pos, len(variants), self.memory_budget)
+        readout = Readout(model, self.base, self.metric, self.read_pos, len(variants), self.memory_budget,
+                          self.full_readout)
         bar = progress_bar(len(variants), activation, self.progress)
         try:
             with torch.no_grad():

@@ -3,7 +3,9 @@
 A ``PositionMetric`` reads one position per prompt, so only that position's residual stream is kept
 from each pass; the kept rows are unembedded together once they would fill the memory budget (and
 at the end), so the unembedding matrix is read once for many passes. Any other metric is given
-full logits [batch pos d_vocab], a budget's worth of rows at a time.
+full logits [batch pos d_vocab], a budget's worth of rows at a time; so is a ``PositionMetric`` with
+``full=True`` (user hooks on the final norm or unembedding must see every position, see
+``user_hooks.py``).
 
 Values go into one tensor on the model's device, indexed by variant; nothing here waits on it.
 """
@@ -18,8 +20,10 @@ from .runner import BaseRun, full_logits, read_resid, unembed
 
 
 class Readout:
-    def __init__(self, model, base: BaseRun, metric: Callable, read_pos, n_variants: int, memory_budget: int):
+    def __init__(self, model, base: BaseRun, metric: Callable, read_pos, n_variants: int, memory_budget: int,
+                 full: bool = False):
         self.model, self.base, self.metric, self.read_pos = model, base, metric, read_pos
+        self.shortcut = isinstance(metric, PositionMetric) and not full
         self.n_variants, self.n_prompts = n_variants, base.n_prompts
         self.out = None
         self.pending: list = []
@@ -31,7 +35,7 @@ class Readout:
 
     def add(self, final: Tensor, first: int, ids: Tensor) -> None:
         """``final`` [variant*prompt pos-first d_model] of the variants ``ids`` (device tensor), in order."""
-        if isinstance(self.metric, PositionMetric):
+        if self.shortcut:
             rows = read_resid(self.base, final, first, self.read_pos.repeat(ids.shape[0]))
             self.pending.append((rows, ids))
             self.pending_rows += rows.shape[0]

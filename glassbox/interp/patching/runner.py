@@ -13,6 +13,11 @@ rather than once per layer of variants, and the unembedding is done once for man
 
 Rows are variant-major: row ``v * n_prompts + b`` is prompt ``b`` under variant ``v``.
 
+The base run is a plain forward, so any user hooks on the model run in it. It keeps each block's
+resid_pre as it enters the hook point (before user hooks there, which run again when a variant
+joins at that block) and every other activation after all hooks (the value a plain forward of the
+corrupted tokens would pass on).
+
 Footgun: the blocks are called directly (``block(resid, positions, attn_mask, kv)``), with the
 patching hooks attached through ``model.hooks`` so they are removed even when something raises.
 """
@@ -63,14 +68,25 @@ def base_run(model, tokens: Tensor, key_mask: Optional[Tensor], names: Sequence[
     """One forward on the corrupted tokens, keeping keys/values, every resid_pre, the final residual
     stream and the activations ``names``."""
     n_layers = model.cfg.n_layers
-    wanted = [f"blocks.{L}.hook_resid_pre" for L in range(n_layers)] + [final_name(n_layers), *names]
     acts: dict = {}
-    # The forward builds fresh tensors after each hook point, so holding references is safe.
-    hooks = [(name, lambda act, hook: acts.__setitem__(hook.name, act)) for name in dict.fromkeys(wanted)]
+    # resid_pre is kept as it enters its hook point, before any user hook there: a variant joining
+    # at that block passes the hook point again. A copy, in case a user hook edits it in place.
+    keep_input = lambda act, hook: acts.__setitem__(hook.name, act.clone())
+    # Everything else is kept after every hook (the corrupted value the loop would see). The forward
+    # builds fresh tensors after each hook point, so holding references is safe.
+    hooks = [(name, lambda act, hook: acts.__setitem__(hook.name, act)) for name in dict.fromkeys(
+        [final_name(n_layers), *names])]
     kv = KVCache(n_layers)
-    with torch.no_grad():
-        model.run_with_hooks(tokens, attention_mask=key_mask, past_kv_cache=kv, return_type=None,
-                             fwd_hooks=hooks)
+    handles = []
+    try:
+        for layer in range(n_layers):
+            handles += model.add_hook(f"blocks.{layer}.hook_resid_pre", keep_input, prepend=True)
+        with torch.no_grad():
+            model.run_with_hooks(tokens, attention_mask=key_mask, past_kv_cache=kv, return_type=None,
+                                 fwd_hooks=hooks)
+    finally:
+        for handle in reversed(handles):
+            handle.remove()
     return BaseRun(tokens, key_mask, kv, acts, n_layers=n_layers)
 
 

@@ -1,7 +1,8 @@
 """Named activation-patching sweeps, with TransformerLens's meanings and result axes.
 
 Each takes ``(model, corrupted_tokens, clean_cache, metric, **options)`` (options as in
-``activation_patch``) and returns a ``PatchResult``:
+``activation_patch``, ``fwd_hooks=`` included: user hooks attached for the sweep, see
+``user_hooks.py``) and returns a ``PatchResult``:
 
 | function | TransformerLens | axes |
 | --- | --- | --- |
