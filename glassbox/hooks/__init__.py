@@ -2,5 +2,7 @@
 
 from .hook_point import HookFn, HookHandle, HookPoint, Registration
 from .root import HookedRootModule, unknown_name_message
+from .threads import HookStateGuard
 
-__all__ = ["HookFn", "HookHandle", "HookPoint", "HookedRootModule", "Registration", "unknown_name_message"]
+__all__ = ["HookFn", "HookHandle", "HookPoint", "HookStateGuard", "HookedRootModule", "Registration",
+           "unknown_name_message"]

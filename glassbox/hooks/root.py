@@ -6,7 +6,12 @@ Contract:
 - A hook target is a name (``"blocks.0.attn.hook_pattern"``), or a filter: a callable on the name.
   An unknown name raises ``KeyError`` listing the closest valid names.
 - ``hooks(...)`` and ``run_with_hooks(...)`` remove exactly the hooks they added when they exit,
-  also when the body or a hook raises; hooks added by ``add_hook`` stay until removed.
+  also when the body or a hook raises; hooks added by ``add_hook`` stay until removed. Exactly
+  means by registration, not by function: nested blocks that attach the same function leave the
+  outer block's hooks in their order when the inner one exits.
+- Threads: while a ``hooks(...)`` block (or ``run_with_hooks``, or ``generate``) is active, its
+  thread owns the model's hook state; a forward or a hook change from another thread raises
+  ``RuntimeError`` (see ``threads.py``). One model per thread, or serialised calls.
 """
 
 import difflib
@@ -16,6 +21,7 @@ from typing import Callable, Iterable, Iterator, Sequence, Union
 from torch import nn
 
 from .hook_point import HookFn, HookHandle, HookPoint
+from .threads import HookStateGuard
 
 NameOrFilter = Union[str, Callable[[str], bool]]
 HookSpec = Sequence[tuple]
@@ -23,8 +29,10 @@ HookSpec = Sequence[tuple]
 
 class HookedRootModule(nn.Module):
     hook_dict: dict
+    hook_guard: HookStateGuard
 
     def setup(self) -> None:
+        self.hook_guard = HookStateGuard()
         self.hook_dict = {}
         for name, module in self.named_modules():
             if isinstance(module, HookPoint):
@@ -51,10 +59,12 @@ class HookedRootModule(nn.Module):
         if dir not in ("fwd", "bwd"):
             raise ValueError(f"hook direction must be 'fwd' or 'bwd', got {dir!r}")
         names = self.resolve_hook_names(name_or_filter)
+        self.hook_guard.check_change("add_hook")
         return [self.hook_dict[name].add_hook(fn, dir=dir, prepend=prepend) for name in names]
 
     def reset_hooks(self, dir: str = "both") -> None:
         """Remove every hook from every hook point."""
+        self.hook_guard.check_change("reset_hooks")
         for point in self.hook_dict.values():
             point.remove_hooks(dir)
 
@@ -66,14 +76,15 @@ class HookedRootModule(nn.Module):
     def hooks(self, fwd_hooks: HookSpec = (), bwd_hooks: HookSpec = ()) -> Iterator["HookedRootModule"]:
         """Attach hooks for the body of a ``with`` block, then remove exactly those."""
         handles: list[HookHandle] = []
-        try:
-            for specs, dir in ((fwd_hooks, "fwd"), (bwd_hooks, "bwd")):
-                for name_or_filter, fn in _as_pairs(specs, dir):
-                    handles += self.add_hook(name_or_filter, fn, dir=dir)
-            yield self
-        finally:
-            for handle in reversed(handles):
-                handle.remove()
+        with self.hook_guard.claim("a hooks() block"):
+            try:
+                for specs, dir in ((fwd_hooks, "fwd"), (bwd_hooks, "bwd")):
+                    for name_or_filter, fn in _as_pairs(specs, dir):
+                        handles += self.add_hook(name_or_filter, fn, dir=dir)
+                yield self
+            finally:
+                for handle in reversed(handles):
+                    handle.remove()
 
     def run_with_hooks(self, *args, fwd_hooks: HookSpec = (), bwd_hooks: HookSpec = (),
                        reset_hooks_end: bool = True, **kwargs):
@@ -87,16 +98,17 @@ class HookedRootModule(nn.Module):
             with self.hooks(fwd_hooks, bwd_hooks):
                 return self(*args, **kwargs)
         handles: list[HookHandle] = []
-        try:
-            for specs, dir in ((fwd_hooks, "fwd"), (bwd_hooks, "bwd")):
-                for name_or_filter, fn in _as_pairs(specs, dir):
-                    handles += self.add_hook(name_or_filter, fn, dir=dir)
-            return self(*args, **kwargs)
-        except BaseException:
-            # Kept hooks are the caller's only when the run succeeded.
-            for handle in reversed(handles):
-                handle.remove()
-            raise
+        with self.hook_guard.claim("run_with_hooks"):
+            try:
+                for specs, dir in ((fwd_hooks, "fwd"), (bwd_hooks, "bwd")):
+                    for name_or_filter, fn in _as_pairs(specs, dir):
+                        handles += self.add_hook(name_or_filter, fn, dir=dir)
+                return self(*args, **kwargs)
+            except BaseException:
+                # Kept hooks are the caller's only when the run succeeded.
+                for handle in reversed(handles):
+                    handle.remove()
+                raise
 
 
 def _as_pairs(specs: HookSpec, dir: str) -> Iterable[tuple]:

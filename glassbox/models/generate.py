@@ -10,6 +10,9 @@ Contract:
   read at its own last real token.
 - Hooks attached to the model fire at every step. Each step sets ``hook.ctx["step"]`` on every hook
   point (0 for the prompt pass, k for the k-th new token's pass); the key is removed afterwards.
+  The calling thread owns the model's hook state until ``generate`` returns: a forward or a second
+  ``generate`` on the same model from another thread raises ``RuntimeError`` instead of
+  interleaving steps (use one model per thread, ``copy.deepcopy(model)``).
 - A row that emits ``eos_token_id`` is finished: it keeps receiving that id (GPT-2's pad) while the
   others continue, and decoding stops early once every row is finished. ``eos_token_id=...`` (the
   default) means the tokenizer's EOS when the model has a tokenizer, otherwise none.
@@ -91,30 +94,32 @@ def generate(model, input: Union[str, list, Int[Tensor, "batch pos"]], max_new_t
     kv = KVCache(model.cfg.n_layers) if use_past_kv_cache else None
     finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     out, full_mask, step_logits = tokens, mask, []
-    try:
-        with torch.no_grad():
-            for step in range(max_new_tokens):
-                for point in points:
-                    point.ctx["step"] = step
-                if kv is None:
-                    last = get_last_token_logits(model(out, attention_mask=full_mask), full_mask)
-                elif step == 0:
-                    last = get_last_token_logits(model(tokens, attention_mask=mask, past_kv_cache=kv), mask)
-                else:
-                    last = model(out[:, -1:], past_kv_cache=kv)[:, -1]
-                step_logits.append(last)
-                new = sample_next(last, do_sample, temperature, top_k, top_p, generator)
-                if eos is not None:
-                    new = torch.where(finished, torch.full_like(new, eos), new)
-                    finished |= new == eos
-                out = torch.cat([out, new[:, None]], dim=1)
-                if full_mask is not None:
-                    full_mask = torch.cat([full_mask, torch.ones_like(full_mask[:, :1])], dim=1)
-                if eos is not None and bool(finished.all()):
-                    break
-    finally:
-        for point in points:
-            point.ctx.pop("step", None)
+    # Claimed outside the try: a refused claim must not clear the owner's ctx["step"].
+    with model.hook_guard.claim("generate"):
+        try:
+            with torch.no_grad():
+                for step in range(max_new_tokens):
+                    for point in points:
+                        point.ctx["step"] = step
+                    if kv is None:
+                        last = get_last_token_logits(model(out, attention_mask=full_mask), full_mask)
+                    elif step == 0:
+                        last = get_last_token_logits(model(tokens, attention_mask=mask, past_kv_cache=kv), mask)
+                    else:
+                        last = model(out[:, -1:], past_kv_cache=kv)[:, -1]
+                    step_logits.append(last)
+                    new = sample_next(last, do_sample, temperature, top_k, top_p, generator)
+                    if eos is not None:
+                        new = torch.where(finished, torch.full_like(new, eos), new)
+                        finished |= new == eos
+                    out = torch.cat([out, new[:, None]], dim=1)
+                    if full_mask is not None:
+                        full_mask = torch.cat([full_mask, torch.ones_like(full_mask[:, :1])], dim=1)
+                    if eos is not None and bool(finished.all()):
+                        break
+        finally:
+            for point in points:
+                point.ctx.pop("step", None)
     if not output_logits:
         return out
     d_vocab = model.cfg.d_vocab

@@ -6,7 +6,9 @@ live in ``glassbox.weights`` and ``glassbox.interp``; the methods at the bottom 
 entry points into those layers, kept here because notebooks call them on the model.
 
 Footgun: hooks are state on the model. ``run_with_hooks`` and ``with model.hooks(...)`` clean up;
-``add_hook`` does not.
+``add_hook`` does not. They are the model's, not the thread's: while a ``hooks(...)`` block,
+``run_with_hooks`` or ``generate`` holds them, a forward from another thread raises RuntimeError
+(``glassbox.hooks.threads``); use one model per thread (``copy.deepcopy``) or serialise the calls.
 """
 
 from typing import Optional, Union
@@ -81,6 +83,16 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
             start_at_layer: input is the residual stream [batch pos d_model] entering this block;
                 the earlier blocks and the embeddings are skipped. Pass ``tokens`` for a loss.
         """
+        guard = self.hook_guard
+        me = guard.enter_forward()  # refuses a forward while another thread holds the hooks
+        try:
+            return self._forward(input, return_type, loss_per_token, attention_mask, prepend_bos, padding_side,
+                                 stop_at_layer, past_kv_cache, start_at_layer, tokens)
+        finally:
+            guard.exit_forward(me)
+
+    def _forward(self, input, return_type, loss_per_token, attention_mask, prepend_bos, padding_side,
+                 stop_at_layer, past_kv_cache, start_at_layer, tokens):
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type must be one of {RETURN_TYPES}, got {return_type!r}")
         if start_at_layer is not None:
