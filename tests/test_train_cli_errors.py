@@ -64,7 +64,8 @@ def setup_case(root: Path, name: str, setup: str) -> Path:
 
 
 DAMAGE = {
-    "truncated": lambda ckpt: (ckpt / "model.safetensors").write_bytes((ckpt / "model.safetensors").read_bytes()[:300]),
+    "truncated": lambda ckpt: (ckpt / "model.safetensors").write_bytes(
+        (ckpt / "model.safetensors").read_bytes()[:300]),
     "garbage": lambda ckpt: (ckpt / "trainer_state.pt").write_bytes(b"not a checkpoint at all" * 9),
     "code": lambda ckpt: torch.save({"step": Evil()}, ckpt / "trainer_state.pt"),
 }

@@ -48,7 +48,10 @@ class RepeatSpec:
 
 
 def encode_text(text: str, tokenizer) -> Int[Tensor, "n"]:
-    """The whole text as one stream of token ids (no special tokens), int64 on the CPU."""
+    """The whole text as one stream of token ids (no special tokens), int64 on the CPU.
+
+    Encoded in pieces (``tokenizer.text_chunks``), with exactly the ids of encoding it in one call.
+    """
     ids = []
     for chunk in text_chunks(text):
         # verbose=False: a chunk is longer than model_max_length, which is harmless here.

@@ -7,6 +7,11 @@ drawn from a CPU ``torch.Generator`` seeded with ``seed + 1`` whose state is che
 stopping and resuming gives exactly the loss curve of an uninterrupted run. (On CUDA, kernels may
 be non-deterministic; the data order is still the same.)
 
+``TrainConfig`` refuses NaN and infinite hyperparameters (they would train an all-NaN model
+without an error). Each step's log record is written before that step's checkpoint, so a run
+killed in between has logged at least up to its checkpoint; ``glassbox train --resume`` drops the
+records after the checkpoint, and the resumed log is the uninterrupted one.
+
 Footgun: ``steps`` fixes the schedule. Resuming with a different ``steps`` changes the learning
 rate from then on, so ``Trainer.resume`` keeps the checkpoint's training config.
 """
