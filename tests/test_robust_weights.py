@@ -253,6 +253,23 @@ def test_a_load_puts_back_a_folder_left_renamed_aside(models, tmp_path):
     assert torch.equal(logits(from_pretrained(folder)), new_logits)
 
 
+def test_saving_over_the_working_directory_moves_into_the_new_folder(models, tmp_path, monkeypatch):
+    import os
+
+    old, new, old_logits, new_logits = models
+    save_pretrained(old, tmp_path / "model")
+    (tmp_path / "model" / "runs").mkdir()
+    monkeypatch.chdir(tmp_path / "model" / "runs")
+    save_pretrained(new, "..")
+    assert os.getcwd() == str(tmp_path / "model" / "runs")
+    assert torch.equal(logits(from_pretrained("..")), new_logits)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    monkeypatch.chdir(tmp_path / "model")
+    save_pretrained(old, ".")
+    assert os.getcwd() == str(tmp_path / "model") and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    assert torch.equal(logits(from_pretrained(".")), old_logits) and (tmp_path / "model" / "runs").is_dir()
+
+
 def test_save_into_a_new_or_empty_folder_and_over_a_file(models, tmp_path):
     old, _, old_logits, _ = models
     save_pretrained(old, tmp_path / "a" / "b")

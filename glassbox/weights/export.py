@@ -13,7 +13,8 @@ Files in the old folder that are not part of a model (a training log, a checkpoi
 are carried into the new one as hard links. If anything fails, the temporary sibling is removed and
 the old folder put back; if even that rename fails, the folder is briefly absent and the next load
 or save renames the old folder back (``recover``), so a reader sees the old model or the new one,
-never a mix. A save also removes temporary siblings that an interrupted save left behind.
+never a mix. A save also removes temporary siblings that an interrupted save left behind. A
+process whose working directory is the folder is moved into the new one.
 """
 
 import os
@@ -71,9 +72,11 @@ def to_hf(model: HookedTransformer, share_memory: bool = False):
 def save_pretrained(model: HookedTransformer, folder) -> None:
     """Write a Hugging Face folder (GPT-2, Llama or GPT-J) that ``transformers`` and glassbox both
     load, replacing any model already there in one swap (see the module docstring)."""
-    folder = Path(folder).absolute()
+    folder = Path(os.path.abspath(folder))  # normalised: "..", "." and "a/../b" name their real folder
     if folder.is_symlink():  # replace the folder the link points to, and keep the link
         folder = folder.resolve()
+    if folder == folder.parent:
+        raise ValueError(f"save_pretrained: cannot replace the root folder {folder}")
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(f"save_pretrained: {folder} exists and is not a folder")
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -103,6 +106,7 @@ def save_pretrained(model: HookedTransformer, folder) -> None:
         _sync_dir(folder.parent)
         return
     old = folder.parent / f"{folder.name}{OLD_TAG}{uuid.uuid4().hex[:8]}"
+    cwd = _cwd_inside(folder)
     try:
         _rename(folder, old)
     except BaseException:
@@ -118,6 +122,11 @@ def save_pretrained(model: HookedTransformer, folder) -> None:
         _remove(tmp, ignore_errors=True)
         raise
     _sync_dir(folder.parent)
+    if cwd is not None:  # the process stood in the old folder: move it to the same path in the new one
+        try:
+            os.chdir(cwd)
+        except OSError:
+            os.chdir(folder)
     _remove(old, ignore_errors=True)  # a leftover is removed by the next save
 
 
@@ -125,7 +134,7 @@ def recover(folder: Path, clean: bool = False) -> Optional[Path]:
     """Undo what an interrupted ``save_pretrained`` left: if ``folder`` is missing but an old copy
     was renamed aside, rename it back (the old model). With ``clean``, also remove temporary and
     old siblings that are no longer needed. Returns the folder restored, if any."""
-    folder = Path(folder).absolute()
+    folder = Path(os.path.abspath(folder))
     parent = folder.parent
     try:
         olds = sorted((p for p in parent.iterdir() if p.name.startswith(folder.name + OLD_TAG) and p.is_dir()),
@@ -140,6 +149,15 @@ def recover(folder: Path, clean: bool = False) -> Optional[Path]:
         for p in olds + [p for p in parent.iterdir() if p.name.startswith(folder.name + TMP_TAG)]:
             _remove(p, ignore_errors=True)
     return restored
+
+
+def _cwd_inside(folder: Path) -> Optional[str]:
+    """The working directory, if it is ``folder`` or inside it (a rename would carry it away)."""
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        return None
+    return cwd if cwd == str(folder) or cwd.startswith(str(folder) + os.sep) else None
 
 
 # -- the steps, as module functions so that a test can make any one of them fail --------------------
