@@ -90,6 +90,20 @@ def test_a_file_and_an_empty_folder_are_no_models(places, tmp_path):
                       "no config.json in", "a model folder holds config.json and model.safetensors")
 
 
+def test_empty_model_and_out(tmp_path):
+    assert_user_error(glassbox("parity", "--model", ""), "parity", "--model is empty", "glassbox-austen", "'random'")
+    assert_user_error(glassbox("demo", "--out", ""), "demo", "--out is empty", "give a folder")
+    assert_user_error(glassbox("attention", "--prompt", "x", "--out", ""), "attention", "--out is empty",
+                      "give a file name")
+
+
+def test_text_that_is_not_utf8(tmp_path):
+    not_utf8 = os.fsdecode(b"ok \xff")  # what Python makes of argv bytes that are not UTF-8
+    assert_user_error(glassbox("attention", "--prompt", not_utf8), "attention",
+                      "argument --prompt: ", "holds bytes that are not UTF-8", "give UTF-8 text")
+    assert_user_error(glassbox("demo", "--answer", not_utf8), "demo", "argument --answer: ", "not UTF-8")
+
+
 @pytest.mark.parametrize("command", ["demo", "attention"])
 def test_model_without_tokenizer(command, places, tmp_path):
     extra = ["--prompt", "x"] if command == "attention" else []

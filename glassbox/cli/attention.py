@@ -9,7 +9,7 @@ seeded random tiny GPT-2 (with GPT-2's tokenizer): useful to try the viewer, mea
 import torch
 
 from ..weights.pretrained import DEFAULT_MODEL
-from .common import load_model, output_file, positive_int, prompt_tokens, seed_arg, tokenizer_of
+from .common import load_model, output_file, positive_int, prompt_tokens, seed_arg, text_arg, tokenizer_of
 from .errors import UsageError, device_arg, user_errors
 
 TINY = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=50257, n_ctx=256)
@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"hub name (gpt2, ...), folder, shipped model (default {DEFAULT_MODEL}), "
                         "or 'random' for a seeded random tiny GPT-2")
-    p.add_argument("--prompt", required=True, help="the text whose attention is shown (at most the model's n_ctx tokens)")
+    p.add_argument("--prompt", type=text_arg, required=True,
+                   help="the text whose attention is shown (at most the model's n_ctx tokens)")
     p.add_argument("--out", default="attention.html",
                    help="HTML file to write, replaced if it exists (default attention.html)")
     p.add_argument("--no-bos", action="store_true", help="do not prepend the BOS token")

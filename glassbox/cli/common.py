@@ -30,6 +30,16 @@ def seed_arg(value: str) -> int:
     return seed
 
 
+def text_arg(value: str) -> str:
+    """argparse ``type=`` for text: the command line must have given valid UTF-8."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = value[error.start:error.end]
+        raise argparse.ArgumentTypeError(f"{value!r} holds bytes that are not UTF-8 ({bad!r}); give UTF-8 text") from None
+    return value
+
+
 def positive_int(value: str) -> int:
     """argparse ``type=`` for counts that must be at least 1."""
     try:
@@ -47,6 +57,8 @@ def load_model(name: str, device: Optional[str] = None, dtype: torch.dtype = tor
 
     ``also_accepted`` names values the command handles itself (e.g. "'random'"), for the message.
     """
+    if name == "":
+        raise UsageError(f"--model is empty; give {accepted_models(also_accepted)}")
     folder = model_folder(name, also_accepted)
     try:
         with user_errors(ValueError, prefix=f"--model {name!r}: "):
@@ -56,10 +68,14 @@ def load_model(name: str, device: Optional[str] = None, dtype: torch.dtype = tor
                          "as save_pretrained and glassbox train write them") from error
 
 
+def accepted_models(also_accepted: str = "") -> str:
+    return (f"a model folder (config.json and weights, as save_pretrained and glassbox train write), a "
+            f"shipped model ({', '.join(shipped_models()) or 'none'}), a hub name ({', '.join(HUB_MODELS)})"
+            + (f" or {also_accepted}" if also_accepted else ""))
+
+
 def model_folder(name: str, also_accepted: str = "") -> Path:
-    accepted = (f"a model folder (config.json and weights, as save_pretrained and glassbox train write), a "
-                f"shipped model ({', '.join(shipped_models()) or 'none'}), a hub name ({', '.join(HUB_MODELS)})"
-                + (f" or {also_accepted}" if also_accepted else ""))
+    accepted = accepted_models(also_accepted)
     path = Path(name).expanduser()
     if not path.is_dir() and not (SHIPPED_DIR / name).is_dir() and name not in HUB_MODELS:
         if path.exists():
@@ -113,6 +129,8 @@ def prompt_tokens(model: HookedTransformer, prompt: str, prepend_bos: Optional[b
 
 def output_folder(out: str) -> Path:
     """Create the folder ``--out`` names (it may exist), or say why it cannot be one."""
+    if out == "":
+        raise UsageError("--out is empty; give a folder to write into, e.g. glassbox-report")
     path = Path(out).expanduser()
     if path.exists() and not path.is_dir():
         raise UsageError(f"--out {out!r} is an existing file; give a folder (new or existing) to write into")
@@ -125,6 +143,8 @@ def output_folder(out: str) -> Path:
 
 def output_file(out: str) -> Path:
     """Check that ``--out`` can be a file (an existing file is overwritten); create its folder."""
+    if out == "":
+        raise UsageError("--out is empty; give a file name, e.g. attention.html")
     path = Path(out).expanduser()
     if path.is_dir():
         raise UsageError(f"--out {out!r} is a folder; give a file name, e.g. {str(path / 'attention.html')!r}")

@@ -12,7 +12,7 @@ import functools
 from typing import NamedTuple, Optional
 
 from ..weights.pretrained import DEFAULT_MODEL
-from .common import load_model, output_folder, prompt_tokens, tokenizer_of
+from .common import load_model, output_folder, prompt_tokens, text_arg, tokenizer_of
 from .errors import UsageError, device_arg
 
 
@@ -23,13 +23,13 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"hub name (gpt2, ...), folder (save_pretrained, glassbox train) or shipped model "
                         f"(default {DEFAULT_MODEL})")
-    p.add_argument("--prompt", default=None,
+    p.add_argument("--prompt", type=text_arg, default=None,
                    help="a prompt that repeats a phrase: '... phrase ANSWER ... phrase' "
                         f"(default {DEFAULT_PROMPT!r}, or a shorter one around ANSWER if that does not fit)")
-    p.add_argument("--answer", default=None,
+    p.add_argument("--answer", type=text_arg, default=None,
                    help=f"one token: the token after the phrase's first occurrence (default {DEFAULT_ANSWER!r}, or "
                         "a single-token word of the model's tokenizer if that is not one token)")
-    p.add_argument("--distractor", default=None,
+    p.add_argument("--distractor", type=text_arg, default=None,
                    help=f"one token: what the corrupted prompt has in the answer's place (default {DEFAULT_DISTRACTOR!r},"
                         " or a single-token word of the model's tokenizer if that is not one token)")
     p.add_argument("--out", default="glassbox-report", help="output folder, created if needed (default glassbox-report)")

@@ -5,7 +5,7 @@ import time
 import torch
 
 from ..weights.pretrained import DEFAULT_MODEL
-from .common import load_model, prompt_tokens, seed_arg
+from .common import load_model, prompt_tokens, seed_arg, text_arg
 from .errors import device_arg
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"hub name (gpt2, ...), folder, shipped model (default {DEFAULT_MODEL}), "
                         "or 'random' for a seeded random GPT-2-small-shape model")
-    p.add_argument("--prompt", default=PROMPT,
+    p.add_argument("--prompt", type=text_arg, default=PROMPT,
                    help="the text both models run (at most the model's n_ctx tokens; a model without a "
                         f"tokenizer runs on random token ids instead; default {PROMPT!r})")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
