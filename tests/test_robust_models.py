@@ -171,6 +171,93 @@ def test_one_copy_per_thread_runs_concurrently_and_exactly(tiny_model, tiny_toke
         assert torch.equal(out["result"], expected[name])
 
 
+# -- 2. a mean over no targets ------------------------------------------------------------------
+def test_a_loss_with_no_real_target_is_refused(tiny_model):
+    tokens = torch.tensor([[3, 1, 4], [1, 5, 9]])
+    for mask in ([[1, 0, 0], [0, 0, 1]], [[0, 1, 0], [1, 0, 0]]):
+        with pytest.raises(ValueError, match=r"no target: attention_mask \(2, 3\) leaves no position"):
+            tiny_model(tokens, attention_mask=torch.tensor(mask), return_type="loss")
+    # One real pair: the mean is that pair's cross-entropy, computed by hand in float64.
+    mask = torch.tensor([[1, 1, 0], [0, 0, 1]])
+    with torch.no_grad():
+        logits, loss = tiny_model(tokens, attention_mask=mask, return_type="both")
+        per_token = tiny_model(tokens, attention_mask=mask, return_type="loss", loss_per_token=True)
+    expected = -torch.log_softmax(logits[0, 0].double(), -1)[1]
+    assert abs(float(loss) - float(expected)) < 1e-5
+    assert per_token.shape == (2, 2) and float(per_token.abs().sum() - per_token[0, 0]) == 0
+
+
+# -- 3. flags of the wrong type -----------------------------------------------------------------
+UNCHECKED = r"""
+import json, torch
+from glassbox.models import Config, HookedTransformer
+torch.manual_seed(0)
+m = HookedTransformer(Config(d_model=8, n_layers=1, n_heads=2, d_vocab=50257, n_ctx=11)).eval()
+ids = torch.tensor([[3, 1, 4]])
+calls = {
+    "forward prepend_bos": lambda: m("hello there", prepend_bos="False"),
+    "to_tokens prepend_bos": lambda: m.to_tokens("hello there", prepend_bos="False"),
+    "to_str_tokens prepend_bos": lambda: m.to_str_tokens("hello", prepend_bos=0),
+    "loss_per_token": lambda: m(ids, return_type="loss", loss_per_token="False"),
+    "generate do_sample": lambda: m.generate(ids, max_new_tokens=1, do_sample="False"),
+    "generate use_past_kv_cache": lambda: m.generate(ids, max_new_tokens=1, use_past_kv_cache="no"),
+}
+out = {}
+for name, call in calls.items():
+    try:
+        call()
+        out[name] = None
+    except Exception as err:
+        out[name] = [type(err).__name__, str(err)]
+print(json.dumps(out))
+"""
+
+
+def test_flags_of_another_type_are_refused_by_name_without_the_checker():
+    """Outside this suite no type checker runs, so the library's own check is all a user has."""
+    run = subprocess.run([sys.executable, "-c", UNCHECKED], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got == {
+        "forward prepend_bos": ["TypeError", "prepend_bos must be True, False or None, got 'False' (str)"],
+        "to_tokens prepend_bos": ["TypeError", "prepend_bos must be True, False or None, got 'False' (str)"],
+        "to_str_tokens prepend_bos": ["TypeError", "prepend_bos must be True, False or None, got 0 (int)"],
+        "loss_per_token": ["TypeError", "loss_per_token must be True or False, got 'False' (str)"],
+        "generate do_sample": ["TypeError", "do_sample must be True or False, got 'False' (str)"],
+        "generate use_past_kv_cache": ["TypeError", "use_past_kv_cache must be True or False, got 'no' (str)"],
+    }
+
+
+@pytest.mark.parametrize("call", ["forward", "generate", "run_with_cache"])
+def test_padding_side_is_checked_with_token_ids_too(tiny_model, call):
+    tokens = torch.tensor([[3, 1, 4]])
+    fns = {"forward": tiny_model, "generate": lambda t, **kw: tiny_model.generate(t, 1, **kw),
+           "run_with_cache": tiny_model.run_with_cache}
+    with pytest.raises(ValueError, match=r"padding_side must be 'left' or 'right', got 'middle'"):
+        fns[call](tokens, padding_side="middle")
+    assert not tiny_model.has_hooks
+
+
+# -- 4. start_at_layer with targets of another shape --------------------------------------------
+def test_start_at_layer_refuses_tokens_and_masks_of_another_shape(tiny_model):
+    tokens = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        _, cache = tiny_model.run_with_cache(tokens, names_filter=["blocks.1.hook_resid_pre"])
+        resid = cache["blocks.1.hook_resid_pre"]
+        # The oracle for the accepted case: the whole forward's loss, bit for bit.
+        assert torch.equal(tiny_model(resid, start_at_layer=1, tokens=tokens, return_type="loss"),
+                           tiny_model(tokens, return_type="loss"))
+        for other in (torch.tensor([[3, 1, 4, 1, 5, 9, 2]]), tokens[:, :3], tokens.expand(2, 5)):
+            with pytest.raises(ValueError, match=rf"tokens have shape \({other.shape[0]}, {other.shape[1]}\), "
+                                                 r"the residual stream \(1, 5\) \(batch pos\)"):
+                tiny_model(resid, start_at_layer=1, tokens=other, return_type="loss")
+        with pytest.raises(ValueError, match=r"attention_mask has shape \(1, 7\), the residual stream has "
+                                             r"batch pos \(1, 5\)"):
+            tiny_model(resid, start_at_layer=1, attention_mask=torch.ones(1, 7, dtype=torch.bool))
+        with pytest.raises(ValueError, match=r"tokens= gives the loss's targets with start_at_layer only"):
+            tiny_model(tokens, tokens=tokens, return_type="loss")
+
+
 # -- 5. nested hooks() of one function object ---------------------------------------------------
 def test_nested_contexts_of_one_function_restore_the_exact_hook_list(tiny_model, tiny_tokens):
     name = "blocks.0.hook_resid_pre"
@@ -224,6 +311,101 @@ def test_each_handle_removes_its_own_registration(tiny_model):
         assert [r.fn for r in point.fwd_hooks] == [f, g]
     finally:
         point.remove_hooks()
+
+
+# -- 6. a fault mid-step leaves the user's KV cache as it was ----------------------------------
+def cache_state(kv: KVCache) -> list:
+    tensors = [t for layer in kv.layers for t in (layer.k, layer.v)] + [kv.key_mask]
+    return [None if t is None else t.clone() for t in tensors]
+
+
+def assert_same_state(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert (x is None) == (y is None) and (x is None or (x.shape == y.shape and torch.equal(x, y)))
+
+
+@pytest.mark.parametrize("at", ["blocks.1.hook_resid_pre", "blocks.1.attn.hook_z", "ln_final.hook_normalized"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_hook_raising_mid_step_leaves_the_cache_as_it_was(tiny_model, at, padded):
+    prompt = torch.tensor([[3, 1, 4, 1], [5, 9, 2, 6]])
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]) if padded else None
+    step = torch.tensor([[7], [8]])
+
+    def boom(x, hook):
+        raise KeyboardInterrupt(hook.name)
+
+    with torch.no_grad():
+        kv, reference = KVCache(TINY["n_layer"]), KVCache(TINY["n_layer"])
+        tiny_model(prompt, attention_mask=mask, past_kv_cache=kv)
+        tiny_model(prompt, attention_mask=mask, past_kv_cache=reference)
+        before = cache_state(kv)
+        with pytest.raises(KeyboardInterrupt):
+            with tiny_model.hooks([(at, boom)]):
+                tiny_model(step, past_kv_cache=kv)
+        assert len(kv) == 4
+        assert_same_state(cache_state(kv), before)
+        # And the cache works on: the next step equals one on a cache that never saw the fault.
+        assert torch.equal(tiny_model(step, past_kv_cache=kv), tiny_model(step, past_kv_cache=reference))
+        assert_same_state(cache_state(kv), cache_state(reference))
+
+
+# -- 7 and 8. numpy arrays, unsigned ids, list masks --------------------------------------------
+@pytest.fixture(scope="module")
+def text_model():
+    torch.manual_seed(0)
+    return HookedTransformer(Config(d_model=14, n_layers=2, n_heads=2, d_vocab=50257, n_ctx=11)).eval()
+
+
+def test_numpy_ids_read_like_the_tensor_of_the_same_shape(text_model):
+    # GPT-2's ids 6 and 7 are the single characters "'" and "(".
+    for ids in (np.array([[6]]), np.array([6]), np.array([[6, 7]], dtype=np.int32), np.array([6, 7], dtype=np.uint16)):
+        expected = ["'"] if ids.size == 1 else ["'", "("]
+        assert text_model.to_str_tokens(ids) == expected == text_model.to_str_tokens(torch.from_numpy(ids.astype(np.int64)))
+    with pytest.raises(ValueError, match=r"one sequence, got a tensor of shape \(2, 1\)"):
+        text_model.to_str_tokens(np.array([[6], [7]]))
+    assert text_model.to_string(np.array([[6, 7], [7, 6]])) == ["'(", "('"]
+    assert text_model.to_string(np.array([6, 7])) == "'("
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+def test_unsigned_ids_convert_exactly_or_are_named(tiny_model, dtype):
+    tokens = torch.tensor([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]])
+    with torch.no_grad():
+        expected = tiny_model(tokens)
+        assert torch.equal(tiny_model(tokens.to(dtype)), expected)
+        assert torch.equal(tiny_model(tokens.numpy().astype(str(dtype).split(".")[1])), expected)
+        assert torch.equal(tiny_model.generate(tokens.to(dtype), 2, eos_token_id=None),
+                           tiny_model.generate(tokens, 2, eos_token_id=None))
+    with pytest.raises(ValueError, match=rf"token id {V} is outside \[0, d_vocab={V}\)"):
+        tiny_model(torch.tensor([[1, V]]).to(dtype))
+
+
+def test_uint64_ids_above_int64_are_named_not_wrapped(tiny_model):
+    for value in (2**63, 2**63 + 5, 2**64 - 1):
+        ids = torch.from_numpy(np.array([[1, value]], dtype=np.uint64))
+        with pytest.raises(ValueError, match=rf"token id {value} \(dtype torch.uint64\) is outside the int64 range"):
+            tiny_model(ids)
+    with pytest.raises(ValueError, match=rf"token id {2**40} is outside \[0, d_vocab={V}\)"):
+        tiny_model(torch.from_numpy(np.array([[1, 2**40]], dtype=np.uint64)))
+
+
+def test_list_and_numpy_attention_masks_mean_the_tensor_mask(tiny_model):
+    tokens = torch.tensor([[3, 1, 4], [1, 5, 9]])
+    mask = [[0, 1, 1], [1, 1, 1]]
+    with torch.no_grad():
+        expected = tiny_model(tokens, attention_mask=torch.tensor(mask))
+        for same in (mask, np.array(mask), np.array(mask, dtype=bool), [[False, True, True], [True, True, True]],
+                     torch.tensor(mask, dtype=torch.uint16)):
+            assert torch.equal(tiny_model(tokens, attention_mask=same), expected)
+        gen = tiny_model.generate(tokens, 2, attention_mask=torch.tensor(mask), eos_token_id=None)
+        assert torch.equal(tiny_model.generate(tokens, 2, attention_mask=mask, eos_token_id=None), gen)
+    with pytest.raises(ValueError, match=r"attention_mask must be a rectangular array of numbers, got list"):
+        tiny_model(tokens, attention_mask=[[1, 1, 1], [1, 1]])
+    with pytest.raises(ValueError, match=r"attention_mask has shape \(1, 2\), tokens have \(2, 3\)"):
+        tiny_model(tokens, attention_mask=[1, 1])
+    with pytest.raises(ValueError, match=r"attention_mask holds 2"):
+        tiny_model(tokens, attention_mask=np.array([[1, 2, 1], [1, 1, 1]]))
 
 
 # -- 9. a hook result on another device ---------------------------------------------------------

@@ -13,6 +13,8 @@ Contract:
   The calling thread owns the model's hook state until ``generate`` returns: a forward or a second
   ``generate`` on the same model from another thread raises ``RuntimeError`` instead of
   interleaving steps (use one model per thread, ``copy.deepcopy(model)``).
+- Flags (``do_sample``, ``use_past_kv_cache``, ``output_logits``, ``prepend_bos``) must be bools:
+  ``do_sample="False"`` is refused, not read as True.
 - A row that emits ``eos_token_id`` is finished: it keeps receiving that id (GPT-2's pad) while the
   others continue, and decoding stops early once every row is finished. ``eos_token_id=...`` (the
   default) means the tokenizer's EOS when the model has a tokenizer, otherwise none.
@@ -22,10 +24,12 @@ Footgun: ``logits[:, -1]`` of a right-padded batch reads a pad; use ``get_last_t
 
 from typing import Optional, Union
 
+import numpy as np
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Float, Int, Integer
 from torch import Tensor
 
+from .inputs import check_flag
 from .kv_cache import KVCache
 
 
@@ -71,10 +75,11 @@ def sample_next(logits: Float[Tensor, "batch d_vocab"], do_sample: bool = False,
     return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
 
 
-def generate(model, input: Union[str, list, Int[Tensor, "batch pos"]], max_new_tokens: int, do_sample: bool = False,
+def generate(model, input: Union[str, list, Integer[Tensor, "batch pos"], np.ndarray], max_new_tokens: int,
+             do_sample: bool = False,
              temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
              eos_token_id=..., seed: Optional[int] = None, use_past_kv_cache: bool = True,
-             attention_mask: Optional[Tensor] = None, prepend_bos: Optional[bool] = None,
+             attention_mask: Union[Tensor, np.ndarray, list, None] = None, prepend_bos: Optional[bool] = None,
              padding_side: str = "left", output_logits: bool = False):
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
@@ -83,6 +88,9 @@ def generate(model, input: Union[str, list, Int[Tensor, "batch pos"]], max_new_t
     chosen from, before temperature.
     """
     _check_options(max_new_tokens, temperature, top_k, top_p)
+    for name, flag in (("do_sample", do_sample), ("use_past_kv_cache", use_past_kv_cache),
+                       ("output_logits", output_logits)):
+        check_flag(name, flag)
     tokens, mask = model.input_to_tokens(input, attention_mask, prepend_bos, padding_side)
     model.check_tokens(tokens)
     if tokens.shape[1] + max_new_tokens > model.cfg.n_ctx:

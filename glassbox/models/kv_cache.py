@@ -3,6 +3,12 @@
 Each layer keeps the keys and values of every position seen so far ([batch key_pos head d_head],
 after any rotation), and the cache keeps the attention mask of those positions, so that a padded
 batch keeps ignoring its pads while it generates.
+
+A forward extends the cache layer by layer. If anything raises part-way (a hook in layer 1, an
+interrupt), the forward restores the cache from ``snapshot()``: every layer's keys and values and the
+mask are exactly as before the call, so the cache can be used again. Appending never writes into
+the stored tensors (it concatenates into new ones), which is what makes the snapshot cheap: it holds
+references, not copies.
 """
 
 from typing import Optional
@@ -34,6 +40,15 @@ class KVCache:
 
     def __getitem__(self, layer: int) -> LayerKV:
         return self.layers[layer]
+
+    def snapshot(self) -> tuple:
+        """The current state, by reference (appending builds new tensors, so nothing here changes)."""
+        return tuple((layer.k, layer.v) for layer in self.layers), self.key_mask
+
+    def restore(self, snapshot: tuple) -> None:
+        layers, self.key_mask = snapshot
+        for layer, (k, v) in zip(self.layers, layers):
+            layer.k, layer.v = k, v
 
     def extend_mask(self, new_mask: Optional[Tensor], new_shape: torch.Size) -> Optional[Tensor]:
         """The padding mask over all keys once new tokens (with ``new_mask``) join; remembered."""

@@ -8,15 +8,23 @@ training text with the BOS in front). Pass ``prepend_bos=False`` to tokenize exa
 Lists of strings become a padded batch plus an attention mask; GPT-2's pad, BOS and EOS are one id,
 so the mask, never the token ids, says which positions are padding. Text is never truncated: an
 input longer than n_ctx is an error.
+
+``prepend_bos`` is True, False or None (the default): anything else, such as the string "False"
+(which is truthy), is a TypeError naming the value; ``padding_side`` is "left" or "right".
+A numpy array of ids reads as the tensor of the same shape: ``to_str_tokens`` of a [1 pos] array
+gives one flat list, like a [1 pos] tensor.
 """
 
 import functools
 from pathlib import Path
 from typing import Optional, Union
 
+import numpy as np
 import torch
 from jaxtyping import Int
 from torch import Tensor
+
+from .inputs import check_flag, check_padding_side
 
 GPT2_TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "assets" / "gpt2-tokenizer"
 GPT2_VOCAB_SIZE = 50257
@@ -65,8 +73,7 @@ class TokenizerMixin:
 
         The mask is None when every row has the same length (nothing is padded).
         """
-        if padding_side not in ("left", "right"):
-            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+        check_padding_side(padding_side)
         texts = [input] if isinstance(input, str) else input
         if not isinstance(texts, (list, tuple)) or not texts or not all(isinstance(t, str) for t in texts):
             raise ValueError("text input must be a string or a non-empty list of strings")
@@ -98,7 +105,9 @@ class TokenizerMixin:
         return self.tokenize(input, prepend_bos, padding_side)[0]
 
     def to_str_tokens(self, input, prepend_bos: Optional[bool] = None) -> list:
-        """One string per token of a text, or of a 1-D sequence of ids (a [1 pos] tensor too)."""
+        """One string per token of a text, or of a 1-D sequence of ids (a [1 pos] tensor or array too)."""
+        if isinstance(input, np.ndarray):
+            input = torch.from_numpy(np.ascontiguousarray(input))
         if isinstance(input, str):
             ids = self.to_tokens(input, prepend_bos)[0].tolist()
         elif isinstance(input, Tensor):
@@ -113,7 +122,7 @@ class TokenizerMixin:
 
     def to_string(self, tokens) -> Union[str, list]:
         """Decode ids: a 1-D sequence -> str, a 2-D batch -> list of str."""
-        if isinstance(tokens, Tensor):
+        if isinstance(tokens, (Tensor, np.ndarray)):
             tokens = tokens.tolist()
         if tokens and isinstance(tokens[0], list):
             return [self.tokenizer.decode(row) for row in tokens]
@@ -132,6 +141,7 @@ class TokenizerMixin:
         return tok.pad_token_id if tok.pad_token_id is not None else self.bos_token_id
 
     def _prepend_bos(self, prepend_bos: Optional[bool]) -> bool:
+        check_flag("prepend_bos", prepend_bos, optional=True)
         return self.cfg.default_prepend_bos if prepend_bos is None else bool(prepend_bos)
 
     def cfg_device(self) -> torch.device:

@@ -13,13 +13,14 @@ Footgun: hooks are state on the model. ``run_with_hooks`` and ``with model.hooks
 
 from typing import Optional, Union
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from ..hooks import HookedRootModule, HookPoint
-from . import components
+from . import components, inputs
 from .block_variants import block
 from .config import Config
 from .embed import Embed, Unembed
@@ -59,10 +60,10 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
     # -- the computation ---------------------------------------------------------------------
     def forward(
         self,
-        input: Union[str, list, Tensor],
+        input: Union[str, list, Tensor, np.ndarray],
         return_type: Optional[str] = "logits",
         loss_per_token: bool = False,
-        attention_mask: Optional[Tensor] = None,
+        attention_mask: Union[Tensor, np.ndarray, list, None] = None,
         prepend_bos: Optional[bool] = None,
         padding_side: str = "right",
         stop_at_layer: Optional[int] = None,
@@ -73,15 +74,18 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
         """Run the model.
 
         Args:
-            input: token ids [batch pos], a string, or a list of strings (padded, with a mask).
+            input: token ids [batch pos] (a tensor or numpy array), a string, or a list of strings
+                (padded, with a mask).
             return_type: "logits" [batch pos d_vocab], "loss" (mean next-token cross-entropy over
                 real tokens), "both" (logits, loss), or None (runs the blocks, skips the unembedding).
             loss_per_token: loss as [batch pos-1] instead of the mean (pads contribute 0).
             attention_mask: [batch pos], 1 for real tokens, 0 for padding (left or right).
             stop_at_layer: run only blocks[:stop_at_layer] and return the residual stream there.
-            past_kv_cache: a KVCache from earlier calls; input then holds only the new tokens.
+            past_kv_cache: a KVCache from earlier calls; input then holds only the new tokens. If
+                anything raises during the call, the cache is left exactly as it was.
             start_at_layer: input is the residual stream [batch pos d_model] entering this block;
-                the earlier blocks and the embeddings are skipped. Pass ``tokens`` for a loss.
+                the earlier blocks and the embeddings are skipped. Pass ``tokens`` (of the residual
+                stream's [batch pos]) for a loss.
         """
         guard = self.hook_guard
         me = guard.enter_forward()  # refuses a forward while another thread holds the hooks
@@ -95,12 +99,27 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
                  stop_at_layer, past_kv_cache, start_at_layer, tokens):
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type must be one of {RETURN_TYPES}, got {return_type!r}")
+        inputs.check_flag("loss_per_token", loss_per_token)
         if start_at_layer is not None:
             return self.forward_from(input, start_at_layer, return_type, loss_per_token, attention_mask,
                                      stop_at_layer, tokens)
+        if tokens is not None:
+            raise ValueError("tokens= gives the loss's targets with start_at_layer only; without "
+                             "start_at_layer the input is the tokens")
         tokens, attention_mask = self.input_to_tokens(input, attention_mask, prepend_bos, padding_side)
         past = len(past_kv_cache) if past_kv_cache is not None else 0
         self.check_tokens(tokens, past)
+        if past_kv_cache is None:
+            return self._run_tokens(tokens, attention_mask, None, 0, stop_at_layer, return_type, loss_per_token)
+        saved = past_kv_cache.snapshot()
+        try:
+            return self._run_tokens(tokens, attention_mask, past_kv_cache, past, stop_at_layer, return_type,
+                                    loss_per_token)
+        except BaseException:
+            past_kv_cache.restore(saved)  # a half-extended cache would misplace every later token
+            raise
+
+    def _run_tokens(self, tokens, attention_mask, past_kv_cache, past, stop_at_layer, return_type, loss_per_token):
         key_mask = attention_mask
         if past_kv_cache is not None:
             key_mask = past_kv_cache.extend_mask(attention_mask, tokens.shape)
@@ -114,8 +133,8 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
                                tokens, attention_mask, loss_per_token)
 
     def forward_from(self, resid: Float[Tensor, "batch pos d_model"], start_at_layer: int, return_type,
-                     loss_per_token: bool = False, attention_mask: Optional[Tensor] = None,
-                     stop_at_layer: Optional[int] = None, tokens: Optional[Tensor] = None):
+                     loss_per_token: bool = False, attention_mask=None,
+                     stop_at_layer: Optional[int] = None, tokens=None):
         """Continue a forward pass from the residual stream entering block ``start_at_layer``."""
         if isinstance(start_at_layer, bool) or not isinstance(start_at_layer, int) \
                 or not 0 <= start_at_layer <= self.cfg.n_layers:
@@ -129,8 +148,15 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
             raise ValueError(f"residual stream of {resid.shape[1]} positions is longer than n_ctx={self.cfg.n_ctx}")
         if return_type in ("loss", "both") and tokens is None:
             raise ValueError("a loss from start_at_layer needs tokens=")
-        if attention_mask is not None:
-            attention_mask = attention_mask.to(resid.device).bool()
+        batch_pos = tuple(resid.shape[:2])
+        if tokens is not None:
+            tokens = inputs.as_tokens(inputs.as_array_tensor(tokens, "tokens"), resid.device)
+            if tuple(tokens.shape) != batch_pos:
+                raise ValueError(f"tokens have shape {tuple(tokens.shape)}, the residual stream {batch_pos} "
+                                 "(batch pos); the loss needs one target per position")
+            self.check_tokens(tokens)
+        attention_mask = inputs.optional_mask(attention_mask, batch_pos, resid.device,
+                                                "the residual stream has batch pos")
         positions = positions_for(resid[..., 0], attention_mask, 0)
         attn_mask = attention_mask_for(attention_mask, resid.shape[1], resid.shape[1], resid.device)
         return self.run_blocks(resid, start_at_layer, stop_at_layer, positions, attn_mask, None, return_type,
@@ -163,52 +189,21 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
         return end
 
     def input_to_tokens(self, input, attention_mask, prepend_bos, padding_side) -> tuple:
+        """(tokens [batch pos] on the model's device, bool mask or None), every argument checked."""
+        inputs.check_flag("prepend_bos", prepend_bos, optional=True)
+        inputs.check_padding_side(padding_side)
         if isinstance(input, (str, list, tuple)):
             if attention_mask is not None:
                 raise ValueError("attention_mask is derived from text input; pass it only with token ids")
             return self.tokenize(input, prepend_bos, padding_side)
-        if not isinstance(input, Tensor):
+        if not isinstance(input, (Tensor, np.ndarray)):
             raise ValueError(f"input must be token ids [batch pos], a string or a list of strings, "
                              f"got {type(input).__name__}")
-        if input.device.type == "meta":
-            raise ValueError("token ids are on the meta device, which holds shapes but no values")
-        tokens = input.to(self.cfg_device())
-        if tokens.dtype in (torch.uint8, torch.int8, torch.int16):
-            tokens = tokens.long()  # the embedding takes int32 or int64 ids
-        if tokens.ndim == 1:
-            tokens = tokens[None]
-        if attention_mask is not None:
-            attention_mask = attention_mask.to(tokens.device)
-            if attention_mask.ndim == 1:
-                attention_mask = attention_mask[None]
-            if attention_mask.shape != tokens.shape:
-                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, "
-                                 f"tokens have {tuple(tokens.shape)}")
-            if attention_mask.dtype != torch.bool:
-                odd = (attention_mask != 0) & (attention_mask != 1)
-                if bool(odd.any()):
-                    raise ValueError(f"attention_mask holds {attention_mask[odd][0].item()!r}; use 1 for real "
-                                     "tokens and 0 for padding")
-            attention_mask = attention_mask.bool()
-            empty = ~attention_mask.any(dim=-1)
-            if bool(empty.any()):
-                raise ValueError(f"attention_mask row {int(empty.nonzero()[0, 0])} has no real token")
-        return tokens, attention_mask
+        tokens = inputs.as_tokens(input, self.cfg_device())
+        return tokens, inputs.optional_mask(attention_mask, tuple(tokens.shape), tokens.device)
 
     def check_tokens(self, tokens: Tensor, past: int = 0) -> None:
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise ValueError(f"token ids must be an integer tensor, got dtype {tokens.dtype}")
-        if tokens.ndim != 2:
-            raise ValueError(f"token ids must be [batch pos], got shape {tuple(tokens.shape)}")
-        if tokens.numel() == 0:
-            raise ValueError(f"token ids are empty: shape {tuple(tokens.shape)}")
-        if past + tokens.shape[1] > self.cfg.n_ctx:
-            raise ValueError(f"sequence of {past + tokens.shape[1]} tokens is longer than "
-                             f"n_ctx={self.cfg.n_ctx}")
-        low, high = int(tokens.min()), int(tokens.max())
-        if low < 0 or high >= self.cfg.d_vocab:
-            bad = low if low < 0 else high
-            raise ValueError(f"token id {bad} is outside [0, d_vocab={self.cfg.d_vocab})")
+        inputs.check_tokens(tokens, self.cfg.n_ctx, self.cfg.d_vocab, past)
 
     # -- TransformerLens-style views ---------------------------------------------------------
     @property
@@ -283,7 +278,12 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
 
 def lm_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"],
             attention_mask: Optional[Tensor] = None, per_token: bool = False) -> Tensor:
-    """Next-token cross-entropy; positions whose input or target is padding are ignored."""
+    """Next-token cross-entropy; positions whose input or target is padding are ignored.
+
+    The mean is over the (input, target) pairs where both are real tokens. A mask that leaves no
+    such pair (every row has at most one real token) is refused: a mean over nothing is undefined,
+    and 0.0 would read as a perfect loss. ``per_token=True`` still returns the [batch pos-1] zeros.
+    """
     if tokens.shape[1] < 2:
         raise ValueError("the loss needs at least 2 tokens per sequence")
     log_probs = F.log_softmax(logits[:, :-1].float(), dim=-1)
@@ -292,4 +292,12 @@ def lm_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "bat
         return nll if per_token else nll.mean()
     valid = attention_mask[:, 1:] & attention_mask[:, :-1]
     nll = nll * valid
-    return nll if per_token else nll.sum() / valid.sum().clamp(min=1)
+    if per_token:
+        return nll
+    count = valid.sum()
+    if int(count) == 0:
+        raise ValueError(f"the loss has no target: attention_mask {tuple(attention_mask.shape)} leaves no "
+                         "position whose token and next token are both real (every row has at most one "
+                         "real token), and a mean over no targets is undefined; use loss_per_token=True "
+                         "or give rows of at least two real tokens")
+    return nll.sum() / count
