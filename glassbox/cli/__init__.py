@@ -14,7 +14,8 @@ def build_parser() -> Parser:
 
     parser = Parser(
         prog="glassbox", description="glassbox: a hooked, tested GPT-2 for mechanistic interpretability. "
-        "demo, parity and attention use the shipped glassbox-austen model unless --model says otherwise.")
+        "demo, parity and attention use the shipped glassbox-austen model unless --model says otherwise. "
+        "A mistake in the arguments prints one line (glassbox COMMAND: error: ...) and exits with status 2.")
     parser.add_argument("--version", action="version", version=f"glassbox {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name in COMMANDS:

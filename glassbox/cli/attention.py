@@ -18,8 +18,8 @@ TINY = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=50257, n_ctx=256)
 def add_parser(sub) -> None:
     p = sub.add_parser("attention", help="write an offline HTML viewer of a prompt's attention patterns")
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"hub name (gpt2, ...), folder, shipped model (default {DEFAULT_MODEL}), "
-                        "or 'random' for a seeded random tiny GPT-2")
+                   help=f"hub name (gpt2, ...; from the hub or the local Hugging Face cache), folder, shipped model "
+                        f"(default {DEFAULT_MODEL}), or 'random' for a seeded random tiny GPT-2")
     p.add_argument("--prompt", type=text_arg, required=True,
                    help="the text whose attention is shown (at most the model's n_ctx tokens)")
     p.add_argument("--out", default="attention.html",

@@ -21,8 +21,8 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser("demo", help="parity, attention, heads, logit lens and patching in one report")
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"hub name (gpt2, ...), folder (save_pretrained, glassbox train) or shipped model "
-                        f"(default {DEFAULT_MODEL})")
+                   help=f"hub name (gpt2, ...; from the hub or the local Hugging Face cache), folder "
+                        f"(save_pretrained, glassbox train) or shipped model (default {DEFAULT_MODEL})")
     p.add_argument("--prompt", type=text_arg, default=None,
                    help="a prompt that repeats a phrase: '... phrase ANSWER ... phrase' "
                         f"(default {DEFAULT_PROMPT!r}, or a shorter one around ANSWER if that does not fit)")

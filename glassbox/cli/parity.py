@@ -13,14 +13,17 @@ TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("parity", help="compare glassbox with transformers, stage by stage")
+    p = sub.add_parser("parity", help="compare glassbox with transformers, stage by stage",
+                       description="Run a model and its transformers twin side by side, stage by stage. "
+                       "Exit status: 0 when parity holds, 1 when it fails, 2 for a mistake in the arguments.")
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"hub name (gpt2, ...), folder, shipped model (default {DEFAULT_MODEL}), "
-                        "or 'random' for a seeded random GPT-2-small-shape model")
+                   help=f"hub name (gpt2, ...; from the hub or the local Hugging Face cache), folder, shipped model "
+                        f"(default {DEFAULT_MODEL}), or 'random' for a seeded random GPT-2-small-shape model")
     p.add_argument("--prompt", type=text_arg, default=PROMPT,
                    help="the text both models run (at most the model's n_ctx tokens; a model without a "
                         f"tokenizer runs on random token ids instead; default {PROMPT!r})")
-    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                   help="precision of both models; the tolerance is 1e-5 in float32, 1e-10 in float64")
     p.add_argument("--device", default=None, type=device_arg, help="e.g. cuda; default: cpu")
     p.add_argument("--seed", type=seed_arg, default=0,
                    help="seed of the random model and of the random token ids (default 0)")
