@@ -204,7 +204,8 @@ def test_figure_labels_and_hover_escape_markup():
     assert list(heat.layout.yaxis.ticktext) == ["&lt;b&gt;0&lt;/b&gt;", "1"]
     assert all("<b>" not in cell for row in heat.data[0].text for cell in row)
     lens = logit_lens_plot(torch.zeros(1, 4), layer_labels=MARKUP, series_labels=["<b>answer</b>"])
-    assert lens.data[0].name == "&lt;b&gt;answer&lt;/b&gt;" and list(lens.data[0].text) == [html.escape(m, quote=False) for m in MARKUP]
+    assert lens.data[0].name == "&lt;b&gt;answer&lt;/b&gt;"
+    assert list(lens.data[0].text) == [html.escape(m, quote=False) for m in MARKUP]
     assert "<b>" not in lens.data[0].hovertemplate
     bars = attribution_bar(torch.tensor([1.0, -1.0, 0.5, 0.0]), MARKUP)
     assert list(bars.data[0].text) == [html.escape(m, quote=False) for m in MARKUP]

@@ -408,8 +408,9 @@ def test_an_impossible_llama_config_is_refused_naming_its_field(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(hidden_size=12, intermediate_size=10, num_attention_heads=3, num_key_value_heads=3,
-                                 num_hidden_layers=2, vocab_size=23, max_position_embeddings=13)).save_pretrained(tmp_path)
+    config = LlamaConfig(hidden_size=12, intermediate_size=10, num_attention_heads=3, num_key_value_heads=3,
+                         num_hidden_layers=2, vocab_size=23, max_position_embeddings=13)
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
     write_config(tmp_path, num_hidden_layers=10**6)
     start = time.perf_counter()
     with pytest.raises(ValueError, match=r"num_hidden_layers=1000000, but .* holds weights for 2 layer"):

@@ -39,7 +39,8 @@ def patching_heatmap(result: Union[PatchResult, Tensor], title: Optional[str] = 
     finite = values[torch.isfinite(values)]
     bound = float(finite.abs().max()) if finite.numel() else 1.0
     bound = bound or 1.0
-    fig = make_subplots(rows=len(panels), cols=1, subplot_titles=[escape(p.name) for p in panels] if len(panels) > 1 else None,
+    titles = [escape(p.name) for p in panels] if len(panels) > 1 else None
+    fig = make_subplots(rows=len(panels), cols=1, subplot_titles=titles,
                         vertical_spacing=0.12 / max(1, len(panels) - 1) if len(panels) > 1 else 0.0)
     for i, panel in enumerate(panels, start=1):
         y_axis, x_axis = panel.axes
