@@ -1,0 +1,254 @@
+"""Sweeps under the user's own hooks equal a one-patch-per-forward loop run under the same hooks.
+
+The oracle: ``with model.hooks(user): loop_value(...)`` (patching_oracle.py), one plain forward per
+grid point, the user's hooks running before the patch; for path patching, the IOI procedure with
+plain full forwards under the same hooks. User hooks read a position, a batch statistic over the
+prompts, a per-prompt value from ``hook.ctx``, and the positions of the final norm's output; each is
+attached to the model and, separately, passed as ``fwd_hooks=``, at memory budgets that give one
+variant per pass, a few per pass, and all in one. Three prompts, so batch statistics matter.
+
+Measured on this model (float32): the largest |batched - loop| over every grid point, hook set,
+attachment and budget is 1.4e-6; ATOL = 5e-6.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from glassbox.interp.patching import (LogitDiff, patch_attn_out, patch_head_pattern, patch_head_pattern_by_pos,
+                                      patch_head_z, patch_resid_pre, path_patch, path_patch_heads)
+from patching_oracle import SIZES, loop_value, tiny_model
+
+ATOL = 5e-6  # measured worst 1.4e-6
+N_PROMPTS, SEQ = 3, 6
+BUDGETS = (4_000, 100_000, 2**30)  # one variant per pass, three per pass, every variant in one pass
+METRIC = LogitDiff(torch.tensor([3, 17, 5]), torch.tensor([29, 8, 11]))
+CTX_POINT = "blocks.1.attn.hook_z"
+
+
+def zero_position_2(act, hook):
+    act = act.clone()
+    act[:, 2] = 0
+    return act
+
+
+def minus_batch_mean(act, hook):
+    return act - act.mean(0, keepdim=True)
+
+
+def scale_per_prompt_from_ctx(act, hook):
+    return act * hook.ctx["scale"].view(-1, *[1] * (act.ndim - 1))
+
+
+def tilt_by_position(act, hook):
+    return act * (1 + 0.2 * torch.arange(act.shape[1], dtype=act.dtype))[:, None]
+
+
+HOOKS = {
+    "position": [("blocks.0.hook_resid_post", zero_position_2)],
+    "batch_mean": [("blocks.1.hook_mlp_out", minus_batch_mean)],
+    "ctx": [(CTX_POINT, scale_per_prompt_from_ctx)],
+    "readout": [("ln_final.hook_normalized", tilt_by_position)],
+}
+HOOKS["all"] = [h for hooks in HOOKS.values() for h in hooks]
+SWEEPS = {"resid_pre": patch_resid_pre, "z": patch_head_z, "pattern": patch_head_pattern, "attn_out": patch_attn_out}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_model()
+    g = torch.Generator().manual_seed(5)
+    clean = torch.randint(0, SIZES["d_vocab"], (N_PROMPTS, SEQ), generator=g)
+    corrupted = torch.randint(0, SIZES["d_vocab"], (N_PROMPTS, SEQ), generator=g)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(clean)
+    model.hook_dict[CTX_POINT].ctx["scale"] = torch.tensor([0.5, -1.0, 2.0])
+    yield model, corrupted, cache
+    model.hook_dict[CTX_POINT].ctx.clear()
+
+
+def hook_state(model) -> dict:
+    """Every hook point's hook lists: the list objects and their entries, by identity."""
+    return {name: (id(p.fwd_hooks), [id(e) for e in p.fwd_hooks], id(p.bwd_hooks), [id(e) for e in p.bwd_hooks])
+            for name, p in model.hook_dict.items()}
+
+
+def run_sweep(model, corrupted, cache, sweep, hooks, attach: str, budget: int):
+    before = hook_state(model)
+    if attach == "fwd_hooks":
+        result = sweep(model, corrupted, cache, METRIC, memory_budget=budget, fwd_hooks=hooks)
+    else:
+        with model.hooks(fwd_hooks=hooks):
+            inside = hook_state(model)
+            result = sweep(model, corrupted, cache, METRIC, memory_budget=budget)
+            assert hook_state(model) == inside, "the sweep left the user's hook lists changed"
+    assert hook_state(model) == before
+    return result.values
+
+
+def loop(model, corrupted, cache, kind: str, hooks, shape: tuple, axes: tuple) -> torch.Tensor:
+    out = torch.empty(shape)
+    with model.hooks(fwd_hooks=hooks):
+        for point in itertools.product(*(range(s) for s in shape)):
+            out[point] = loop_value(model, corrupted, cache, METRIC, kind, dict(zip(axes, point)))
+    return out
+
+
+def assert_close_to(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    err = (got - expected).abs().max().item()
+    assert err <= ATOL, f"{what}: max |batched - loop| = {err:.2e} > {ATOL}"
+
+
+def check_sweep(model, corrupted, cache, kind: str, hooks, runs) -> None:
+    """The sweep ``kind`` under ``hooks``, attached and at budgets as ``runs`` says, equals the loop."""
+    plain = SWEEPS[kind](model, corrupted, cache, METRIC).values
+    axes = ("layer", "pos" if kind in ("resid_pre", "attn_out") else "head")
+    expected = loop(model, corrupted, cache, kind, hooks, tuple(plain.shape), axes)
+    spread = (expected.max() - expected.min()).item()
+    assert spread > 1000 * ATOL, f"{kind} under hooks is nearly constant ({spread})"
+    moved = (expected - plain).abs().max().item()
+    assert moved > 1000 * ATOL, f"the hooks do not change the {kind} sweep ({moved}); the test proves nothing"
+    for attach, budget in runs:
+        got = run_sweep(model, corrupted, cache, SWEEPS[kind], hooks, attach, budget)
+        assert_close_to(got, expected, f"{kind} ({attach}, memory_budget={budget})")
+
+
+@pytest.mark.parametrize("kind", list(SWEEPS))
+def test_sweeps_under_every_kind_of_user_hook_equal_the_loop_under_them(setup, kind):
+    check_sweep(*setup, kind, HOOKS["all"], itertools.product(("model", "fwd_hooks"), BUDGETS))
+
+
+@pytest.mark.parametrize("case", [c for c in HOOKS if c != "all"])
+def test_each_kind_of_user_hook_alone(setup, case):
+    check_sweep(*setup, "resid_pre", HOOKS[case], [("model", BUDGETS[0]), ("fwd_hooks", BUDGETS[-1])])
+
+
+def test_pattern_by_query_position_under_user_hooks(setup):
+    """The query row cut (bands) is what a position-reading hook would see misplaced."""
+    model, corrupted, cache = setup
+    got = {(a, b): run_sweep(model, corrupted, cache, patch_head_pattern_by_pos, HOOKS["all"], a, b)
+           for a, b in [("model", BUDGETS[0]), ("fwd_hooks", BUDGETS[-1])]}
+    expected = loop(model, corrupted, cache, "pattern", HOOKS["all"], (3, 5, SEQ), ("layer", "head", "query_pos"))
+    assert (expected.max() - expected.min()).item() > 1000 * ATOL
+    for (attach, budget), values in got.items():
+        assert_close_to(values, expected, f"pattern by query_pos ({attach}, memory_budget={budget})")
+
+
+def reference_path_patch(model, corrupted, clean_cache, senders, receivers, hooks, freeze_mlps=False):
+    """The IOI procedure with plain full forwards, all under ``hooks``: the corrupted run's values,
+    run 1 (senders clean, other heads and optionally MLPs frozen) capturing receiver inputs, run 2.
+    ``receivers`` is a list of (layer, head, kind); empty: read the metric from run 1."""
+    corrupted_acts, captured = {}, {}
+
+    def keep(store):
+        def hook(act, hook):
+            store[hook.name] = act.clone()
+        return hook
+
+    def freeze(layer):
+        def hook(z, hook):
+            z = corrupted_acts[hook.name].clone()
+            for l, h in senders:
+                if l == layer:
+                    z[:, :, h] = clean_cache[hook.name][:, :, h]
+            return z
+        return hook
+
+    def patch(act, hook):
+        act = act.clone()
+        for l, h, k in receivers:
+            if hook.name == f"blocks.{l}.attn.hook_{k}":
+                act[:, :, h] = captured[hook.name][:, :, h]
+        return act
+
+    n = model.cfg.n_layers
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        names = [f"blocks.{L}.attn.hook_z" for L in range(n)] + [f"blocks.{L}.hook_mlp_out" for L in range(n)]
+        model.run_with_hooks(corrupted, fwd_hooks=[(name, keep(corrupted_acts)) for name in names])
+        run1 = [(f"blocks.{L}.attn.hook_z", freeze(L)) for L in range(n)]
+        if freeze_mlps:
+            run1 += [(f"blocks.{L}.hook_mlp_out", lambda act, hook: corrupted_acts[hook.name]) for L in range(n)]
+        receiver_names = sorted({f"blocks.{l}.attn.hook_{k}" for l, _, k in receivers})
+        logits = model.run_with_hooks(corrupted, fwd_hooks=run1 + [(name, keep(captured)) for name in receiver_names])
+        if receivers:
+            logits = model.run_with_hooks(corrupted, fwd_hooks=[(name, patch) for name in receiver_names])
+    return METRIC(logits).mean()
+
+
+@pytest.mark.parametrize("receivers", ["logits", [(2, 1, "q"), (2, 3, "v")]])
+def test_path_patch_heads_under_user_hooks_equals_reference(setup, receivers):
+    model, corrupted, cache = setup
+    hooks = HOOKS["all"]
+    limit = 3 if receivers == "logits" else 2
+    expected = torch.full((3, 5), float("nan"))
+    parsed = [] if receivers == "logits" else receivers
+    for layer, head in itertools.product(range(limit), range(5)):
+        expected[layer, head] = reference_path_patch(model, corrupted, cache, [(layer, head)], parsed, hooks)
+    plain = path_patch_heads(model, corrupted, cache, METRIC, receivers).values
+    assert (expected[:limit] - plain[:limit]).abs().max().item() > 1000 * ATOL, "the hooks change nothing"
+    for attach, budget in [("model", BUDGETS[0]), ("fwd_hooks", BUDGETS[-1])]:
+        before = hook_state(model)
+        if attach == "fwd_hooks":
+            got = path_patch_heads(model, corrupted, cache, METRIC, receivers, memory_budget=budget, fwd_hooks=hooks)
+        else:
+            with model.hooks(fwd_hooks=hooks):
+                got = path_patch_heads(model, corrupted, cache, METRIC, receivers, memory_budget=budget)
+        assert hook_state(model) == before
+        assert torch.isnan(got.values[limit:]).all()
+        assert_close_to(got.values[:limit], expected[:limit], f"path_patch_heads to {receivers} ({attach}, {budget})")
+
+
+def test_path_patch_with_frozen_mlps_under_user_hooks_equals_reference(setup):
+    model, corrupted, cache = setup
+    senders, receivers = [(0, 1), (1, 4)], [(2, 0, "k"), (2, 2, "q")]
+    expected = reference_path_patch(model, corrupted, cache, senders, receivers, HOOKS["all"], freeze_mlps=True)
+    got = path_patch(model, corrupted, cache, METRIC, senders, receivers, freeze_mlps=True, fwd_hooks=HOOKS["all"])
+    assert abs((got - path_patch(model, corrupted, cache, METRIC, senders, receivers, freeze_mlps=True)).item()) \
+        > 1000 * ATOL
+    assert_close_to(got, expected, "path_patch with frozen MLPs")
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt])
+@pytest.mark.parametrize("attach", ["model", "fwd_hooks"])
+def test_a_user_hook_raising_mid_sweep_leaves_the_hook_lists_exactly_as_they_were(setup, exc, attach):
+    model, corrupted, cache = setup
+    calls = []
+
+    def fifth_call(act, hook):
+        calls.append(1)
+        if len(calls) == 5:
+            raise exc("user hook")
+
+    kept = model.add_hook("blocks.2.hook_resid_mid", tilt_by_position)  # attached outside any block
+    try:
+        before = hook_state(model)
+        with pytest.raises(exc):
+            if attach == "fwd_hooks":
+                patch_resid_pre(model, corrupted, cache, METRIC, memory_budget=4_000,
+                                fwd_hooks=[("blocks.1.hook_resid_pre", fifth_call)])
+            else:
+                with model.hooks(fwd_hooks=[("blocks.1.hook_resid_pre", fifth_call)]):
+                    patch_resid_pre(model, corrupted, cache, METRIC, memory_budget=4_000)
+        assert len(calls) == 5, "the fault was meant to come mid-sweep"
+        assert hook_state(model) == before
+    finally:
+        for handle in kept:
+            handle.remove()
+    assert not model.has_hooks, "the handle of a hook kept across the sweep no longer removes it"
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda act, hook: act[:1], r"returned shape \(1, 6, 21\) torch.float32 on cpu for a batch of shape \(3, 6, 21\)"),
+    (lambda act, hook: act.double(), r"returned shape \(3, 6, 21\) torch.float64"),
+    (lambda act, hook: 0.0, "returned float"),
+])
+def test_a_user_hook_returning_the_wrong_shape_is_named(setup, bad, message):
+    model, corrupted, cache = setup
+    with pytest.raises(ValueError, match=r"user hook .*<lambda> at blocks.1.hook_resid_mid " + message):
+        patch_attn_out(model, corrupted, cache, METRIC, fwd_hooks=[("blocks.1.hook_resid_mid", bad)])
+    assert not model.has_hooks
