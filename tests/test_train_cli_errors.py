@@ -20,6 +20,7 @@ from glassbox.cli import main
 AUSTEN = Path(__file__).resolve().parent.parent / "data" / "austen.txt"
 TINY = ["--layers", "1", "--d-model", "15", "--heads", "3", "--n-ctx", "19", "--vocab-size", "300",
         "--steps", "4", "--batch-size", "2", "--eval-every", "2", "--checkpoint-every", "2", "--seed", "5",
+        "--heldout-frac", "0.1",  # not the default: --resume must take it from the run
         "--no-progress"]
 MARKER_NAME = "pickle-ran"
 

@@ -110,7 +110,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..train import load_tokenizer, split_text
+    from ..train import load_tokenizer
 
     given = {name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}
     settings = {name: default for name, (_, default, _) in SETTINGS.items()} | given
@@ -121,18 +121,17 @@ def run(args) -> int:
     start = time.perf_counter()
     out = Path(args.out)
     text = _read_text(Path(args.text))
-    with user_errors(ValueError, prefix=f"--text {args.text}: "):
-        train_text, heldout_text = split_text(text, settings["heldout_frac"])
     _check_out(out)
     if args.resume:
-        trainer, tokenizer, train_stream = _resume(args, out, given, text, train_text, heldout_text)
+        trainer, tokenizer, train_stream = _resume(args, out, given, settings, text)
     else:
+        train_text, heldout_text = _split(text, settings["heldout_frac"], args.text)
         model_cfg, config = _check_new_run(settings, out, text, train_text, heldout_text, args.overwrite)
         with tempfile.TemporaryDirectory(prefix="glassbox-tokenizer-") as scratch:
             tokenizer, train_stream, heldout_stream = _new_tokenizer(settings, scratch, train_text, heldout_text)
-            print(f"tokenizer: {len(tokenizer)} tokens, written to {out} [{time.perf_counter() - start:.0f} s]")
             _start_folder(out, settings, text, scratch, args.overwrite)
         tokenizer = load_tokenizer(out)
+        print(f"tokenizer: {len(tokenizer)} tokens, written to {out} [{time.perf_counter() - start:.0f} s]")
         print(f"data: {len(train_stream):,} training tokens, {len(heldout_stream):,} held-out tokens")
         trainer = _new_trainer(args, out, settings, model_cfg, config, tokenizer, train_stream, heldout_stream)
     return _train_and_save(trainer, out, tokenizer, train_stream, start)
@@ -150,6 +149,13 @@ def _read_text(path: Path) -> str:
     if not text.strip():
         raise UsageError(f"--text {path} is empty; give a text with several lines")
     return text
+
+
+def _split(text: str, heldout_frac: float, name: str) -> tuple:
+    from ..train import split_text
+
+    with user_errors(ValueError, prefix=f"--text {name}: "):
+        return split_text(text, heldout_frac)
 
 
 def _check_out(out: Path) -> None:
@@ -256,7 +262,7 @@ def _new_trainer(args, out: Path, s: dict, model_cfg, config, tokenizer, train_s
                    checkpoint_dir=out / CHECKPOINT, log=_logger(log_file), progress=not args.no_progress)
 
 
-def _resume(args, out: Path, given: dict, text: str, train_text: str, heldout_text: str) -> tuple:
+def _resume(args, out: Path, given: dict, settings: dict, text: str) -> tuple:
     from ..train import CheckpointError, Trainer, encode_text, load_tokenizer
     from ..train.rundir import CHECKPOINT, LOG, checkpoint_step, recorded_settings, text_digest, trim_log
 
@@ -276,6 +282,7 @@ def _resume(args, out: Path, given: dict, text: str, train_text: str, heldout_te
     if recorded.get("text_sha256") not in (None, text_digest(text)):
         raise UsageError(f"--resume: --text {args.text} is not the text the run in {out} was trained on "
                          "(its SHA-256 differs); give that text")
+    train_text, heldout_text = _split(text, recorded.get("heldout_frac", settings["heldout_frac"]), args.text)
     with user_errors(FileNotFoundError, OSError, ValueError, prefix=f"--resume: the tokenizer in {out}: "):
         tokenizer = load_tokenizer(out)
     train_stream, heldout_stream = encode_text(train_text, tokenizer), encode_text(heldout_text, tokenizer)
