@@ -71,7 +71,8 @@ def places(tmp_path_factory):
 def test_unknown_model_name_says_what_is_accepted(command, tmp_path):
     extra = ["--prompt", "x"] if command == "attention" else []
     out = ["--out", tmp_path / "o"] if command != "parity" else []
-    line = assert_user_error(glassbox(command, "--model", "nosuch", *extra, *out), command, "--model 'nosuch' is not a known model", "glassbox-austen", "gpt2", "folder")
+    line = assert_user_error(glassbox(command, "--model", "nosuch", *extra, *out), command,
+                             "--model 'nosuch' is not a known model", "glassbox-austen", "gpt2", "folder")
     assert ("'random'" in line) == (command != "demo"), line  # demo has no random model
 
 

@@ -36,7 +36,8 @@ def text_arg(value: str) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError as error:
         bad = value[error.start:error.end]
-        raise argparse.ArgumentTypeError(f"{value!r} holds bytes that are not UTF-8 ({bad!r}); give UTF-8 text") from None
+        raise argparse.ArgumentTypeError(f"{value!r} holds bytes that are not UTF-8 ({bad!r}); "
+                                         "give UTF-8 text") from None
     return value
 
 
@@ -99,7 +100,8 @@ def hub_failure(name: str, cause: BaseException) -> str:
         return (f"--model {name!r}: {why} and {name} is not in the local Hugging Face cache ({hub.HF_HUB_CACHE}); "
                 f"download it once with network access, or {instead}")
     first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-    return f"--model {name!r}: could not fetch it from the Hugging Face hub ({type(cause).__name__}: {first}); {instead}"
+    return (f"--model {name!r}: could not fetch it from the Hugging Face hub ({type(cause).__name__}: {first}); "
+            f"{instead}")
 
 
 def tokenizer_of(model: HookedTransformer, name: str):

@@ -30,9 +30,11 @@ def add_parser(sub) -> None:
                    help=f"one token: the token after the phrase's first occurrence (default {DEFAULT_ANSWER!r}, or "
                         "a single-token word of the model's tokenizer if that is not one token)")
     p.add_argument("--distractor", type=text_arg, default=None,
-                   help=f"one token: what the corrupted prompt has in the answer's place (default {DEFAULT_DISTRACTOR!r},"
-                        " or a single-token word of the model's tokenizer if that is not one token)")
-    p.add_argument("--out", default="glassbox-report", help="output folder, created if needed (default glassbox-report)")
+                   help="one token: what the corrupted prompt has in the answer's place "
+                        f"(default {DEFAULT_DISTRACTOR!r}, or a single-token word of the model's tokenizer if that "
+                        "is not one token)")
+    p.add_argument("--out", default="glassbox-report",
+                   help="output folder, created if needed (default glassbox-report)")
     p.add_argument("--device", default=None, type=device_arg, help="e.g. cuda; default: cpu")
     p.set_defaults(func=run)
 
@@ -66,9 +68,9 @@ def choose_story(model, prompt: Optional[str], answer: Optional[str], distractor
     if answer is None and not not_one_token(model, DEFAULT_ANSWER):
         answer = DEFAULT_ANSWER
     if answer is None and prompt is not None:
-        raise UsageError(f"--answer not given, and the default {DEFAULT_ANSWER!r} {not_one_token(model, DEFAULT_ANSWER)}; "
-                         "give --answer, the single token that follows the first occurrence of your prompt's "
-                         f"repeated phrase, {such_as()}")
+        raise UsageError(f"--answer not given, and the default {DEFAULT_ANSWER!r} "
+                         f"{not_one_token(model, DEFAULT_ANSWER)}; give --answer, the single token that follows "
+                         f"the first occurrence of your prompt's repeated phrase, {such_as()}")
 
     if prompt is not None:
         tokens = prompt_tokens(model, prompt)[0].tolist()
@@ -78,7 +80,8 @@ def choose_story(model, prompt: Optional[str], answer: Optional[str], distractor
     else:
         prompt, tokens, chosen = story_prompt(model, answer, words, notes)
         if answer is None:
-            notes.insert(0, f"answer {chosen!r} (the default {DEFAULT_ANSWER!r} {not_one_token(model, DEFAULT_ANSWER)})")
+            why = not_one_token(model, DEFAULT_ANSWER)
+            notes.insert(0, f"answer {chosen!r} (the default {DEFAULT_ANSWER!r} {why})")
         answer = chosen
 
     answer_id = token_id(model, answer)
