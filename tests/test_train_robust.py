@@ -116,10 +116,11 @@ def run_killed_at(event: int, after: bool, action) -> bool:
     def wrap(real):
         def call(*args, **kwargs):
             count[0] += 1
-            if count[0] == event and not after:
+            this = count[0]  # a call may make others (rmtree: unlink, rmdir) before it returns
+            if this == event and not after:
                 raise Killed
             result = real(*args, **kwargs)
-            if count[0] == event:
+            if this == event:
                 raise Killed
             return result
         return call
