@@ -415,3 +415,85 @@ def test_a_hook_returning_a_tensor_on_another_device_is_named(tiny_model, tiny_t
         tiny_model.run_with_hooks(tiny_tokens, fwd_hooks=[("blocks.0.hook_mlp_out",
                                                            lambda x, hook: torch.empty_like(x, device="meta"))])
     assert not tiny_model.has_hooks
+
+
+# -- 10. rotary tables sized by use -------------------------------------------------------------
+def eager_tables(n_ctx: int, rotary_dim: int, base: float, dtype) -> tuple:
+    """The tables as they were built before: float64 for every row up to n_ctx, then cast."""
+    inv_freq = base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    angles = torch.arange(n_ctx, dtype=torch.float64)[:, None] * inv_freq
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotary_config(n_ctx: int, **kw) -> Config:
+    return preset_config("modern", d_model=24, n_layers=3, n_heads=3, d_vocab=V, n_ctx=n_ctx, **kw)
+
+
+def test_a_huge_n_ctx_costs_nothing_until_positions_are_used():
+    start = time.perf_counter()
+    model = HookedTransformer(rotary_config(10**8)).eval()
+    elapsed = time.perf_counter() - start
+    assert elapsed < 1.0, f"construction took {elapsed:.2f} s"
+    tables = {id(b.attn.rotary) for b in model.blocks}
+    assert len(tables) == 1, "each layer built its own table"
+    table = model.blocks[0].attn.rotary
+    assert table.rows == 0
+    # Nothing but the parameters is allocated: no buffer, no table of n_ctx rows.
+    assert list(model.buffers()) == []
+    small = HookedTransformer(rotary_config(40), init=False).eval()
+    small.load_state_dict(model.state_dict())
+    tokens = torch.randint(0, V, (2, 13), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(model(tokens), small(tokens))
+    assert table.rows == type(table).MIN_ROWS == 64
+
+
+def test_n_ctx_beyond_2_31_or_not_positive_is_refused_by_value():
+    assert Config(d_model=4, n_layers=1, n_heads=1, d_vocab=5, n_ctx=2**31).n_ctx == 2**31
+    for bad in (2**31 + 1, 10**12):
+        with pytest.raises(ValueError, match=rf"Config.n_ctx={bad} is more than 2\*\*31 positions"):
+            Config(d_model=4, n_layers=1, n_heads=1, d_vocab=5, n_ctx=bad)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=rf"Config.n_ctx must be a positive int, got {bad}"):
+            Config(d_model=4, n_layers=1, n_heads=1, d_vocab=5, n_ctx=bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("rotary_dim,base", [(8, 10000.0), (6, 500.0), (128, 500000.0)])
+def test_grown_tables_equal_the_eager_tables_bit_for_bit(dtype, rotary_dim, base):
+    from glassbox.models.positional import RotaryTable
+
+    n_ctx = 3000
+    expected = eager_tables(n_ctx, rotary_dim, base, dtype)
+    table = RotaryTable(n_ctx, rotary_dim, base)
+    for length in (1, 5, 64, 65, 200, 129, 1500, n_ctx):
+        cos, sin = table.tables(length, torch.device("cpu"), dtype)
+        assert cos.dtype == dtype and min(n_ctx, max(length, 64)) <= cos.shape[0] <= n_ctx
+        rows = cos.shape[0]
+        assert torch.equal(cos, expected[0][:rows]) and torch.equal(sin, expected[1][:rows]), (length, rows)
+    assert table.rows == n_ctx
+
+
+def test_a_model_cast_after_construction_reads_tables_of_its_new_dtype():
+    torch.manual_seed(0)
+    built32 = HookedTransformer(rotary_config(40)).eval()
+    built64 = HookedTransformer(rotary_config(40), init=False, dtype=torch.float64).eval()
+    built64.load_state_dict(built32.state_dict())
+    tokens = torch.randint(0, V, (2, 13), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        built32(tokens)  # float32 tables made first, then the cast
+        cast64 = built32.to(torch.float64)
+        assert torch.equal(cast64(tokens), built64(tokens))
+        cos, _ = cast64.blocks[0].attn.rotary.tables(13, torch.device("cpu"), torch.float64)
+    assert torch.equal(cos, eager_tables(cos.shape[0], 8, 10000.0, torch.float64)[0])
+
+
+def test_generation_across_a_table_growth_matches_full_recomputation():
+    torch.manual_seed(0)
+    model = HookedTransformer(rotary_config(10**6), dtype=torch.float64).eval()
+    prompt = torch.randint(0, V, (2, 60), generator=torch.Generator().manual_seed(4))
+    out, cached = model.generate(prompt, 10, eos_token_id=None, output_logits=True)
+    assert model.blocks[0].attn.rotary.rows == 128  # grew from 64 to 128 rows mid-generation
+    with torch.no_grad():
+        full = model(out)[:, 59:69]
+    assert float((cached - full).abs().max()) < 1e-12

@@ -67,7 +67,7 @@ class Attention(nn.Module):
         q = self.hook_q(self.project(x, self.W_Q, self.b_Q))
         k = self.hook_k(self.project(x, self.W_K, self.b_K))
         v = self.hook_v(self.project(x, self.W_V, self.b_V))
-        q, k = self.rotate(q, k, positions)
+        q, k = self.rotate(q, k, positions, kv.length if kv is not None else 0)
         if kv is not None:
             k, v = kv.append(k, v)
         z = self.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask)
@@ -75,7 +75,7 @@ class Attention(nn.Module):
         flat_W_O = self.W_O.reshape(-1, self.cfg.d_model)
         return linear(z.reshape(*z.shape[:2], -1), flat_W_O, self.b_O)
 
-    def rotate(self, q: Tensor, k: Tensor, positions: Optional[Tensor]) -> tuple:
+    def rotate(self, q: Tensor, k: Tensor, positions: Optional[Tensor], past: int = 0) -> tuple:
         """Position-dependent rotation of q and k; none for absolute positional embeddings."""
         return q, k
 

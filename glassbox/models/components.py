@@ -40,6 +40,13 @@ def positional_embedding(cfg: Config) -> Optional[nn.Module]:
     return cls(cfg) if cls is not None else None
 
 
+def share_rotary_tables(blocks: nn.ModuleList) -> None:
+    """Give every layer's rotary attention one table (grown once, cast once per device and dtype)."""
+    attns = [b.attn for b in blocks if isinstance(getattr(b, "attn", None), RotaryAttention)]
+    for attn in attns[1:]:
+        attn.rotary = attns[0].rotary
+
+
 def final_norm(cfg: Config) -> nn.Module:
     """Pre-norm models normalise before the unembedding; post-norm blocks already end in a norm."""
     return norm(cfg) if cfg.norm_placement == "pre" else nn.Identity()

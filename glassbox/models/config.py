@@ -10,6 +10,10 @@ positional "learned" | "sinusoidal" | "rotary" (rotary_dim leading dims of each 
 (2i, 2i+1) with rotary_style "interleaved", (i, i + rotary_dim/2) with "half"); gated_mlp (SwiGLU
 with act_fn "silu"); use_bias for every linear map and norm; tied_unembed; init_scheme "gpt2" |
 "truncated_normal". Named combinations live in ``presets.py``.
+
+``n_ctx`` must be in [1, 2**31]. Rotary models size their tables by the positions used, so a large
+n_ctx costs nothing there; learned positions (W_pos [n_ctx d_model]) and sinusoidal ones (a buffer
+of the same shape) still allocate n_ctx rows.
 """
 
 import dataclasses
@@ -22,6 +26,8 @@ NORM_PLACEMENTS = ("pre", "post")
 POSITIONALS = ("learned", "sinusoidal", "rotary")
 ROTARY_STYLES = ("interleaved", "half")
 INIT_SCHEMES = ("gpt2", "truncated_normal")
+# Above any context length in use; a config past it is a typo or a sentinel, refused by name.
+MAX_N_CTX = 2**31
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,9 @@ class Config:
     def __post_init__(self):
         for name in ("d_model", "n_layers", "n_heads", "d_vocab", "n_ctx"):
             _positive_int(self, name)
+        if self.n_ctx > MAX_N_CTX:
+            raise ValueError(f"Config.n_ctx={self.n_ctx} is more than 2**31 positions; no model has that many "
+                             "(is it a sentinel or a typo in max_position_embeddings / n_positions?)")
         if self.d_head is None:
             if self.d_model % self.n_heads:
                 raise ValueError(

@@ -9,7 +9,8 @@ three standard deviations, where the fans of a per-head weight count all heads t
 (W_Q [head d_model d_head]: d_model in, head * d_head out); the embeddings ~ N(0, 1) truncated to
 [-3, 3]; init_range is not used.
 
-Both: norm weights are 1, biases 0 (per-head biases b_Q [head d_head] included). Buffers (sinusoidal and rotary tables) are not touched.
+Both: norm weights are 1, biases 0 (per-head biases b_Q [head d_head] included). The sinusoidal
+table (a buffer) and the rotary tables (built on use, not module state) are not touched.
 """
 
 import math

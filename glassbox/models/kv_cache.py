@@ -22,6 +22,11 @@ class LayerKV:
         self.k: Optional[Tensor] = None
         self.v: Optional[Tensor] = None
 
+    @property
+    def length(self) -> int:
+        """Positions cached so far."""
+        return 0 if self.k is None else self.k.shape[1]
+
     def append(self, k: Tensor, v: Tensor) -> tuple:
         if self.k is not None:
             k, v = torch.cat([self.k, k], dim=1), torch.cat([self.v, v], dim=1)

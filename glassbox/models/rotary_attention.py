@@ -5,7 +5,12 @@ d_head]: q and k after rotation, which is what the scores are computed from (``h
 stay the unrotated projections). The key-value cache stores rotated keys, so cached positions are
 never rotated twice. The pairing convention ("half" or "interleaved") is chosen at construction.
 
-Footgun: positions index a table of n_ctx rows; the model checks lengths against n_ctx before this.
+The cos/sin tables are a ``RotaryTable`` (``positional.py``), built for the positions actually used
+and shared by all layers of one model (``components.share_rotary_tables``); they are neither
+parameters nor buffers, so they are not in the state dict and cost nothing at construction.
+
+Footgun: position ids must be below ``past + pos`` (the model's positions always are); the table is
+grown to that length, not to n_ctx. The model checks lengths against n_ctx before this.
 """
 
 from typing import Optional
@@ -16,23 +21,22 @@ from torch import Tensor
 from ..hooks import HookPoint
 from .attention import Attention
 from .config import Config
-from .positional import ROTATIONS, rotary_tables
+from .positional import ROTATIONS, RotaryTable
 
 
 class RotaryAttention(Attention):
     def __init__(self, cfg: Config):
         super().__init__(cfg)
-        cos, sin = rotary_tables(cfg.n_ctx, cfg.rotary_dim, cfg.rotary_base)
-        self.register_buffer("rotary_cos", cos, persistent=False)  # [n_ctx rotary_dim/2]
-        self.register_buffer("rotary_sin", sin, persistent=False)
+        self.rotary = RotaryTable(cfg.n_ctx, cfg.rotary_dim, cfg.rotary_base)
         self.rotation = ROTATIONS[cfg.rotary_style]
         self.hook_rot_q = HookPoint()
         self.hook_rot_k = HookPoint()
 
     def rotate(self, q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batch pos head d_head"],
-               positions: Optional[Int[Tensor, "batch pos"]]) -> tuple:
+               positions: Optional[Int[Tensor, "batch pos"]], past: int = 0) -> tuple:
         if positions is None:
             raise ValueError("rotary attention needs the position of every token (positions=None given)")
+        cos, sin = self.rotary.tables(past + positions.shape[1], q.device, q.dtype)
         # [batch pos 1 rotary_dim/2]: one angle per pair, shared by all heads.
-        cos, sin = self.rotary_cos[positions][:, :, None], self.rotary_sin[positions][:, :, None]
+        cos, sin = cos[positions][:, :, None], sin[positions][:, :, None]
         return self.hook_rot_q(self.rotation(q, cos, sin)), self.hook_rot_k(self.rotation(k, cos, sin))

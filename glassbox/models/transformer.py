@@ -48,6 +48,7 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
             if self.pos_embed is not None:
                 self.hook_pos_embed = HookPoint()
             self.blocks = nn.ModuleList(block(cfg, layer) for layer in range(cfg.n_layers))
+            components.share_rotary_tables(self.blocks)
             self.ln_final = components.final_norm(cfg)
             self.unembed = Unembed(cfg, self.embed)
         # Weight processing applied to this model's weights (see glassbox.weights.processing).
