@@ -190,13 +190,30 @@ def test_parity_prompt_longer_than_a_small_context(trained):
 def test_demo_out_must_be_a_folder(places):
     assert_user_error(glassbox("demo", "--out", places / "file.txt"), "demo",
                       f"--out '{places / 'file.txt'}' is an existing file", "give a folder")
-    assert_user_error(glassbox("demo", "--out", places / "file.txt" / "sub"), "demo",
-                      f"--out '{places / 'file.txt' / 'sub'}': cannot create this folder")
+    assert_user_error(glassbox("demo", "--out", places / "file.txt" / "sub" / "report"), "demo",
+                      f"--out '{places / 'file.txt' / 'sub' / 'report'}': '{places / 'file.txt'}' is a file, not a folder")
+
+
+def test_demo_leaves_no_folder_behind_when_the_model_is_wrong(tmp_path):
+    assert_user_error(glassbox("demo", "--model", "nosuch", "--out", tmp_path / "report"), "demo", "nosuch")
+    assert not (tmp_path / "report").exists()
 
 
 def test_demo_out_folder_holding_a_folder_where_the_report_goes(tmp_path):
     (tmp_path / "report" / "index.html").mkdir(parents=True)
     assert_user_error(glassbox("demo", "--out", tmp_path / "report"), "demo", "holds a folder named index.html")
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root may write anywhere")
+def test_out_in_a_folder_that_is_not_writable(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        assert_user_error(glassbox("demo", "--out", locked / "report"), "demo", "is not writable")
+        assert_user_error(glassbox("attention", "--prompt", "x", "--out", locked / "v.html"), "attention",
+                          "is not writable")
+    finally:
+        locked.chmod(0o700)
 
 
 def test_attention_out_must_be_a_file_in_a_folder(places):

@@ -9,8 +9,9 @@ seeded random tiny GPT-2 (with GPT-2's tokenizer): useful to try the viewer, mea
 import torch
 
 from ..weights.pretrained import DEFAULT_MODEL
-from .common import load_model, output_file, positive_int, prompt_tokens, seed_arg, text_arg, tokenizer_of
-from .errors import UsageError, device_arg, user_errors
+from .common import (load_model, output_file, positive_int, prompt_tokens, seed_arg, text_arg, tokenizer_of,
+                     write_output)
+from .errors import UsageError, device_arg
 
 TINY = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=50257, n_ctx=256)
 
@@ -66,7 +67,6 @@ def run(args) -> int:
                          "shorten the prompt or raise --max-tokens")
     page = attention_viewer_html(patterns_of(model, tokens), labels,
                                  title=f"attention of {model.cfg.model_name}: {len(labels)} tokens")
-    with user_errors(OSError, prefix=f"--out {args.out!r}: cannot write it: "):
-        out.write_text(page, encoding="utf-8")
+    write_output(out, args.out, page)
     print(f"wrote {out} ({model.cfg.n_layers} layers x {model.cfg.n_heads} heads, {len(labels)} tokens)")
     return 0

@@ -130,30 +130,47 @@ def prompt_tokens(model: HookedTransformer, prompt: str, prepend_bos: Optional[b
 
 
 def output_folder(out: str) -> Path:
-    """Create the folder ``--out`` names (it may exist), or say why it cannot be one."""
+    """The folder ``--out`` names (new or existing), checked before any work; ``make_folder`` creates it."""
     if out == "":
         raise UsageError("--out is empty; give a folder to write into, e.g. glassbox-report")
     path = Path(out).expanduser()
     if path.exists() and not path.is_dir():
         raise UsageError(f"--out {out!r} is an existing file; give a folder (new or existing) to write into")
-    with user_errors(OSError, prefix=f"--out {out!r}: cannot create this folder: "):
-        path.mkdir(parents=True, exist_ok=True)
-    if not os.access(path, os.W_OK):
-        raise UsageError(f"--out {out!r}: this folder is not writable; give a folder you can write to")
+    _check_place(out, path)
     return path
 
 
 def output_file(out: str) -> Path:
-    """Check that ``--out`` can be a file (an existing file is overwritten); create its folder."""
+    """The file ``--out`` names (an existing file is replaced), checked before any work; ``write_output``
+    writes it."""
     if out == "":
         raise UsageError("--out is empty; give a file name, e.g. attention.html")
     path = Path(out).expanduser()
     if path.is_dir():
         raise UsageError(f"--out {out!r} is a folder; give a file name, e.g. {str(path / 'attention.html')!r}")
-    if path.parent.exists() and not path.parent.is_dir():
-        raise UsageError(f"--out {out!r}: {str(path.parent)!r} is a file, not a folder; give a path in a folder")
-    with user_errors(OSError, prefix=f"--out {out!r}: cannot create its folder: "):
-        path.parent.mkdir(parents=True, exist_ok=True)
-    if not os.access(path if path.exists() else path.parent, os.W_OK):
-        raise UsageError(f"--out {out!r} is not writable; give a file in a folder you can write to")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"--out {out!r} is not writable; give a file you can write")
+    _check_place(out, path.parent)
     return path
+
+
+def _check_place(out: str, folder: Path) -> None:
+    """``folder``, where the output goes, must be a writable folder or creatable inside one."""
+    existing = folder.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"--out {out!r}: {str(existing)!r} is a file, not a folder; give a path in a folder")
+    if not os.access(existing, os.W_OK):
+        raise UsageError(f"--out {out!r}: {str(existing)!r} is not writable; give a place you can write to")
+
+
+def make_folder(path: Path, out: str) -> None:
+    with user_errors(OSError, prefix=f"--out {out!r}: cannot create this folder: "):
+        path.mkdir(parents=True, exist_ok=True)
+
+
+def write_output(path: Path, out: str, text: str) -> None:
+    with user_errors(OSError, prefix=f"--out {out!r}: cannot write it: "):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")

@@ -12,7 +12,7 @@ import functools
 from typing import NamedTuple, Optional
 
 from ..weights.pretrained import DEFAULT_MODEL
-from .common import load_model, output_folder, prompt_tokens, text_arg, tokenizer_of
+from .common import load_model, make_folder, output_folder, prompt_tokens, text_arg, tokenizer_of
 from .errors import UsageError, device_arg
 
 
@@ -176,6 +176,7 @@ def run(args) -> int:
     story = choose_story(model, args.prompt, args.answer, args.distractor)
     for note in story.notes:
         print(f"chose {note}")
+    make_folder(out, args.out)
     summary = build_report(model, story.prompt, story.answer, story.distractor, out)
     print(f"model {summary['model']['name']}: {summary['model']['n_layers']} layers, "
           f"{summary['model']['parameters']:,} parameters")
