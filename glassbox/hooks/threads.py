@@ -10,8 +10,11 @@ with no such hooks may still run on several threads at once (they share no mutab
 
 The cost is one check per forward (no lock on the hot path); claiming takes a lock, once per
 ``hooks()`` block. A deep copy or an unpickled model gets a fresh, unowned guard, so
-``copy.deepcopy(model)`` gives each thread its own model. Hooks added with ``add_hook`` outside any
-block belong to the model, and every thread's forward runs them.
+``copy.deepcopy(model)`` gives each thread its own model.
+
+Not covered: hooks added with ``model.add_hook`` outside any block (or kept by
+``run_with_hooks(reset_hooks_end=False)``) belong to the model, and every thread's forward runs
+them; ``HookPoint.add_hook`` called on a point directly bypasses the model and its guard.
 """
 
 import threading
