@@ -347,6 +347,15 @@ def test_a_tensor_the_index_does_not_list_is_named(hf, folder):
         from_pretrained(folder)
 
 
+def test_an_index_nested_too_deeply_is_named(hf, folder):
+    first, rest, weight_map = split(hf)
+    write_shards(folder, {"a.safetensors": first, "b.safetensors": rest}, weight_map)
+    (folder / "model.safetensors.index.json").write_text('{"weight_map": ' + "[" * 100000 + "]" * 100000 + "}")
+    with pytest.raises(ValueError, match=rf"could not read {folder / 'model.safetensors.index.json'}: its JSON is "
+                                         r"nested too deeply"):
+        from_pretrained(folder)
+
+
 def test_sharded_folder_that_agrees_with_its_index_loads(hf, folder):
     first, rest, weight_map = split(hf)
     write_shards(folder, {"a.safetensors": first, "b.safetensors": rest}, weight_map)
