@@ -117,7 +117,7 @@ def test_export_shares_no_storage_and_edits_leave_the_original(hf, make):
 
 def test_share_memory_shares_every_tensor_whose_layout_allows(hf):
     model = HookedTransformer.from_hf(hf)
-    exported = to_hf(model, share_memory=True)
+    exported = model.to_hf(share_memory=True)  # the method passes the option to glassbox.weights.to_hf
     ours = set(storages(model).values())
     copied = sorted(name for name, ptr in storages(exported).items() if ptr not in ours)
     # Fused Q|K|V cannot be a view of three separate parameters: those two per layer are copies.

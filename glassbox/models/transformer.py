@@ -264,11 +264,12 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
 
         return generate(self, *args, **kwargs)
 
-    def to_hf(self):
-        """Export as the matching ``transformers`` model (GPT2LMHeadModel, LlamaForCausalLM...) with the same weights."""
+    def to_hf(self, share_memory: bool = False):
+        """Export as the matching ``transformers`` model (GPT2LMHeadModel, LlamaForCausalLM...) with the same
+        weights, in tensors of its own unless ``share_memory`` (see ``glassbox.weights.export``)."""
         from ..weights import to_hf
 
-        return to_hf(self)
+        return to_hf(self, share_memory=share_memory)
 
     def save_pretrained(self, folder) -> None:
         """Write a Hugging Face model folder (config.json, model.safetensors, tokenizer files)."""
