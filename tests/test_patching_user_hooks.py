@@ -135,7 +135,7 @@ def test_sweeps_under_every_kind_of_user_hook_equal_the_loop_under_them(setup, k
 
 @pytest.mark.parametrize("case", [c for c in HOOKS if c != "all"])
 def test_each_kind_of_user_hook_alone(setup, case):
-    check_sweep(*setup, "resid_pre", HOOKS[case], [("model", BUDGETS[0]), ("fwd_hooks", BUDGETS[-1])])
+    check_sweep(*setup, "resid_pre", HOOKS[case], [("model", BUDGETS[1]), ("fwd_hooks", BUDGETS[0])])
 
 
 def test_pattern_by_query_position_under_user_hooks(setup):
