@@ -36,16 +36,6 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-try:
-    from ...hooks import Registration  # a hook point's fwd_hooks hold Registrations (the fn is .fn)
-except ImportError:  # hook points that hold the functions themselves
-    Registration = None
-
-
-def hook_fn(entry) -> Callable:
-    """The function of one entry of a hook point's ``fwd_hooks``."""
-    return entry.fn if Registration is not None and isinstance(entry, Registration) else entry
-
 
 def hook_label(fn) -> str:
     return getattr(fn, "__qualname__", None) or repr(fn)
@@ -92,8 +82,8 @@ def user_hooks(model, fwd_hooks: Sequence, n_prompts: int):
                 if point.fwd_hooks:
                     original = saved[point] = point.fwd_hooks
                     point.fwd_hooks = []
-                    for entry in original:
-                        point.add_hook(per_variant(hook_fn(entry), n_prompts))
+                    for registration in original:  # each a Registration; its function is .fn
+                        point.add_hook(per_variant(registration.fn, n_prompts))
             yield bool(saved)
         finally:
             for point, original in saved.items():
