@@ -483,3 +483,19 @@ def test_damaged_tokenizer_files_name_the_folder(tokenizer_folder, damage):
     damage(tokenizer_folder)
     with pytest.raises(ValueError, match=rf"could not load the tokenizer in {tokenizer_folder} \(files: .*\): "):
         from_pretrained(tokenizer_folder)
+
+
+def test_a_saved_bpe_tokenizer_writes_gpt2s_vocab_and_merges_files(tmp_path):
+    """The shipped folder's vocab.json (as JSON) and merges.txt (byte for byte) come back from save_pretrained,
+    also when it replaces a folder that held them (as glassbox train's output folder does)."""
+    from glassbox.weights.pretrained import SHIPPED_DIR
+
+    shipped = SHIPPED_DIR / "glassbox-austen"
+    model = HookedTransformer.from_pretrained("glassbox-austen")
+    for target in (tmp_path / "new", tmp_path / "old"):
+        if target.name == "old":
+            target.mkdir()
+            (target / "vocab.json").write_text("{}")
+        model.save_pretrained(target)
+        assert json.loads((target / "vocab.json").read_text()) == json.loads((shipped / "vocab.json").read_text())
+        assert (target / "merges.txt").read_bytes() == (shipped / "merges.txt").read_bytes(), target

@@ -165,6 +165,11 @@ def _write(hf_model, tokenizer, tmp: Path) -> None:
     hf_model.save_pretrained(str(tmp))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
+        # transformers 5 writes only tokenizer.json; GPT-2's own vocab.json and merges.txt are what
+        # older readers and the slow GPT2Tokenizer need, so a BPE tokenizer writes them too.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None and type(backend.model).__name__ == "BPE":
+            backend.model.save(str(tmp))
 
 
 def _carry_over(folder: Path, tmp: Path) -> None:
