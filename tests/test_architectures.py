@@ -42,7 +42,9 @@ def test_sinusoidal_positions_equal_the_textbook_formula():
     expected = torch.tensor([[math.sin(p / 10000 ** (i / cfg.d_model)) if i % 2 == 0
                               else math.cos(p / 10000 ** ((i - 1) / cfg.d_model)) for i in range(cfg.d_model)]
                              for p in range(cfg.n_ctx)])
+    # measured 0 (values up to 1), bound 1e-6 (exact here)
     torch.testing.assert_close(acts["hook_pos_embed"], expected.expand(2, -1, -1), atol=1e-6, rtol=0)
+    # measured 0 (values up to 1), bound 1e-6 (exact here)
     torch.testing.assert_close(acts["blocks.0.hook_resid_pre"], acts["hook_embed"] + expected, atol=1e-6, rtol=0)
     assert "pos_embed.W_pos" not in model.state_dict(), "the fixed table is not a trained parameter"
 
@@ -79,6 +81,7 @@ def test_post_norm_model_equals_a_hand_written_forward_pass(tied):
         x = layer_norm(x + mlp, p[b + "ln2.w"], p[b + "ln2.b"])
     expected = x @ p["embed.W_E" if tied else "unembed.W_U_T"].T  # no final norm after a post-norm block
     with torch.no_grad():
+        # measured 1.3e-14 (values up to 14), bound 1e-10: 7765x
         torch.testing.assert_close(model(tokens), expected, atol=1e-10, rtol=0)
         # measured 5.7e-6 in float32 (logits up to 14.4); bound 5e-5, 9x
         torch.testing.assert_close(model.float()(tokens), expected.float(), atol=5e-5, rtol=0)
@@ -126,6 +129,7 @@ def test_rotation_is_complex_multiplication_of_the_pairs(style, rotary_dim):
         expected = torch.cat([turned.real, turned.imag, q[..., r:]], dim=-1)
     else:
         expected = torch.cat([torch.stack([turned.real, turned.imag], -1).flatten(-2), q[..., r:]], dim=-1)
+    # measured 1.8e-15 (values up to 8.2), bound 1e-12: 563x
     torch.testing.assert_close(rot_q, expected, atol=1e-12, rtol=0)
 
 
@@ -156,6 +160,7 @@ def test_rotary_model_with_kv_cache_matches_the_full_forward():
         full = model(tokens)
         first = model(tokens[:, :5], past_kv_cache=cache)
         rest = [model(tokens[:, i: i + 1], past_kv_cache=cache) for i in range(5, 12)]
+    # measured 7.4e-15 (values up to 5.7), bound 1e-10: 13444x
     torch.testing.assert_close(torch.cat([first, *rest], dim=1), full, atol=1e-10, rtol=0)
 
 
@@ -167,17 +172,24 @@ def test_rms_norm_and_swiglu_by_hand():
     x = acts["blocks.1.hook_resid_mid"]
     ln, mlp = model.blocks[1].ln2, model.blocks[1].mlp
     scale = (x.pow(2).mean(-1, keepdim=True) + cfg.layer_norm_eps).sqrt()
+    # measured 1.8e-15 (values up to 7.8), bound 1e-12: 563x
     torch.testing.assert_close(acts["blocks.1.ln2.hook_scale"], scale, atol=1e-12, rtol=0)
     normed = x / scale * ln.w
+    # measured 4.4e-16 (values up to 4.1), bound 1e-12: 2252x
     torch.testing.assert_close(acts["blocks.1.ln2.hook_normalized"], normed, atol=1e-12, rtol=0)
     gate, linear = normed @ mlp.W_gate, normed @ mlp.W_in
+    # measured 8.9e-16 (values up to 5.9), bound 1e-12: 1126x
     torch.testing.assert_close(acts["blocks.1.mlp.hook_pre"], gate, atol=1e-12, rtol=0)
+    # measured 1.3e-15 (values up to 6.3), bound 1e-12: 751x
     torch.testing.assert_close(acts["blocks.1.mlp.hook_pre_linear"], linear, atol=1e-12, rtol=0)
     post = gate * torch.sigmoid(gate) * linear
+    # measured 3.6e-15 (values up to 22), bound 1e-12: 281x
     torch.testing.assert_close(acts["blocks.1.mlp.hook_post"], post, atol=1e-12, rtol=0)
+    # measured 6.2e-15 (values up to 19), bound 1e-12: 161x
     torch.testing.assert_close(acts["blocks.1.hook_mlp_out"], post @ mlp.W_out, atol=1e-12, rtol=0)
     # Without a hook on hook_scale the fused kernel runs; it must agree.
     with torch.no_grad():
+        # measured 4.4e-16 (values up to 4.1), bound 1e-12: 2252x
         torch.testing.assert_close(model.blocks[1].ln2(x), normed, atol=1e-12, rtol=0)
 
 
@@ -263,6 +275,7 @@ def test_truncated_normal_initialisation():
             fans_std = math.sqrt(2 / sum(param.shape))
         # A normal truncated at 3 sigma has std 0.9866 sigma.
         assert param.abs().max() <= 3 * fans_std + 1e-6, name
+        # Statistical, not rounding: a sample std within 8% of the truncated normal's.
         assert param.std().item() == pytest.approx(0.9866 * fans_std, rel=0.08), name
 
 

@@ -38,6 +38,7 @@ def test_cache_holds_every_activation_as_plain_hooks_see_it(model, tokens):
     assert isinstance(cache_, ActivationCache)
     assert sorted(cache_.keys()) == sorted(model.hook_dict) and len(cache_) == len(model.hook_dict) == 38
     torch.testing.assert_close(logits, ref_logits, atol=0, rtol=0)
+    # measured 3.0e-8 (values up to 0.38), bound 1e-6: 34x
     torch.testing.assert_close(logits, model(tokens), atol=1e-6, rtol=0)  # unhooked (fused) path
     for name, value in ref.items():
         torch.testing.assert_close(cache_[name], value, atol=0, rtol=0, msg=name)
@@ -169,6 +170,7 @@ def test_stop_at_layer(model, tokens):
     resid, cache_ = model.run_with_cache(tokens, stop_at_layer=1)
     _, ref = captured(model, tokens, ["blocks.1.hook_resid_pre"])
     # The full cache hooks the pattern (explicit attention); the oracle runs the fused kernel.
+    # measured 3.7e-9 (values up to 0.11), bound 1e-6: 268x
     torch.testing.assert_close(resid, ref["blocks.1.hook_resid_pre"], atol=1e-6, rtol=0)
     assert "blocks.0.hook_resid_post" in cache_ and "blocks.1.hook_resid_pre" not in cache_
     with pytest.raises(ValueError, match="blocks.1.hook_mlp_out"):
@@ -202,6 +204,7 @@ def test_incl_bwd_caches_gradients_of_the_loss(model, tokens):
     torch.testing.assert_close(loss, ref_loss.detach(), atol=0, rtol=0)
     assert sorted(cache_) == sorted(names + [n + "_grad" for n in names])
     for n in names:
+        # measured 0 (values up to 0.12), bound 1e-9 (exact here)
         torch.testing.assert_close(cache_[n + "_grad"], held[n].grad, atol=1e-9, rtol=1e-6, msg=n)
         assert float(cache_[n + "_grad"].abs().max()) > 0
     assert not model.has_hooks
@@ -239,6 +242,7 @@ def test_text_input_keeps_tokens_and_mask():
     logits, cache_ = small.run_with_cache(["a b c", "a"], names_filter="hook_embed")
     tokens, mask = small.tokenize(["a b c", "a"])
     assert torch.equal(cache_.tokens, tokens) and torch.equal(cache_.attention_mask, mask)
+    # measured 0 (values up to 0.35), bound 1e-6 (exact here)
     torch.testing.assert_close(logits, small(tokens, attention_mask=mask), atol=1e-6, rtol=0)
 
 

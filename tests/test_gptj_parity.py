@@ -56,6 +56,7 @@ def test_logits_match_gptj(hf_gptj, tokens):
         expected = hf_gptj(tokens).logits
         got = model(tokens)
     assert expected.abs().max() > 1.0, "logits too small for the comparison to mean anything"
+    # measured 1.7e-6 (values up to 5.4), bound 1e-5: 6x
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
@@ -76,6 +77,7 @@ def test_every_layer_matches_gptj_hidden_states_and_attentions(hf_gptj, tokens):
         model.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith(("resid_pre", "pattern")),
                                                  lambda x, hook: acts.__setitem__(hook.name, x))])
     for L in range(cfg.n_layers):
+        # measured 1.3e-6 (values up to 10), bound 1e-5: 8x
         torch.testing.assert_close(acts[f"blocks.{L}.hook_resid_pre"], out.hidden_states[L], atol=1e-5, rtol=0,
                                    msg=lambda m, L=L: f"resid_pre of layer {L} differs from HF hidden_states[{L}]: {m}")
         # measured 4.5e-7 (probabilities); bound 5e-6, 11x
@@ -106,8 +108,8 @@ def test_export_to_gptj_gives_same_logits(hf_gptj, tokens):
                 param.add_(0.2 * torch.randn_like(param))
     exported = GPTJForCausalLM(config_to_gptj(cfg)).eval()
     exported.load_state_dict(glassbox_to_gptj(model.state_dict(), cfg), strict=True)
-    with torch.no_grad():
-        torch.testing.assert_close(exported(tokens).logits, model(tokens), atol=1e-5, rtol=0)
+    with torch.no_grad():  # measured 2.2e-6 (logits up to 5.8); bound 2e-5, 9x
+        torch.testing.assert_close(exported(tokens).logits, model(tokens), atol=2e-5, rtol=0)
 
 
 def test_export_refuses_attention_biases(hf_gptj):

@@ -27,6 +27,7 @@ def test_identity_hook_everywhere_changes_nothing_beyond_rounding(tiny_model, ti
     clean = logits(tiny_model, tiny_tokens)
     with tiny_model.hooks(fwd_hooks=[(lambda name: True, lambda x, hook: x)]):
         hooked = logits(tiny_model, tiny_tokens)
+    # measured 3.0e-8 (values up to 0.21), bound 1e-6: 34x
     torch.testing.assert_close(hooked, clean, atol=1e-6, rtol=0)
     # And the explicit path is itself deterministic: hooking twice gives the same bits.
     with tiny_model.hooks(fwd_hooks=[(lambda name: True, lambda x, hook: None)]):

@@ -159,4 +159,5 @@ def test_modern_preset_exports_as_llama(tokens):
     exported = model.to_hf()
     assert isinstance(exported, LlamaForCausalLM)
     with torch.no_grad():
+        # measured 1.1e-6 (values up to 3.1), bound 1e-5: 9x
         torch.testing.assert_close(exported(tokens).logits, model(tokens), atol=1e-5, rtol=0)

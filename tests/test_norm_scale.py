@@ -44,6 +44,7 @@ def test_reading_the_scale_leaves_every_bit_of_the_output(preset, mode):
         x = model.run_with_cache(TOKENS, names_filter="blocks.1.hook_resid_mid")[1]["blocks.1.hook_resid_mid"]
     stat = x.var(-1, unbiased=False, keepdim=True) if preset == "gpt2" else x.pow(2).mean(-1, keepdim=True)
     expected = (stat + model.cfg.layer_norm_eps).sqrt()
+    # measured 8.9e-16 (values up to 6.5), bound 1e-14: 11x
     torch.testing.assert_close(cache["blocks.1.ln2.hook_scale"], expected, atol=1e-14, rtol=0)
 
 
@@ -70,6 +71,7 @@ def test_an_edited_scale_is_used(preset, edit, mode):
         plain_logits = model(TOKENS)  # hooks still attached: same edit, same result
     assert torch.equal(edited_logits, plain_logits)
     expected = textbook(preset, norm, seen["x"], 2 * seen["scale"])
+    # measured 0 (values up to 2.2), bound 1e-12 (exact here)
     torch.testing.assert_close(seen["out"], expected, atol=1e-12, rtol=0)
     with mode():
         unedited = model(TOKENS)
@@ -92,6 +94,8 @@ def test_scale_gradient_matches_autograd_on_the_textbook_formula(preset):
     with model.hooks([("blocks.1.ln2.hook_normalized", rebuild)]):
         ref = model(TOKENS, return_type="loss")
     (grad,) = torch.autograd.grad(ref, scale)
+    # measured 0 (values up to 4.9), bound 1e-12 (exact here)
     torch.testing.assert_close(loss, ref.detach(), atol=1e-12, rtol=0)
+    # measured 0 (values up to 0.089), bound 1e-12 (exact here)
     torch.testing.assert_close(cache[name + "_grad"], grad, atol=1e-12, rtol=1e-9)
     assert float(grad.abs().max()) > 1e-6

@@ -20,6 +20,7 @@ def assert_parity(model, hf, tokens, atol):
     out = hf_outputs(hf, tokens)
     with torch.no_grad():
         logits = model(tokens)
+    # measured 5.1e-15 (values up to 2.9), bound 1e-10: 19581x; measured 1.1e-6 (values up to 2.9), bound 1e-5: 9x
     torch.testing.assert_close(logits, out.logits, atol=atol, rtol=0)
     return out
 
@@ -49,11 +50,14 @@ def test_every_intermediate_matches(tiny_hf, tiny_model, tiny_tokens):
     with torch.no_grad():
         tiny_model.run_with_hooks(tiny_tokens, fwd_hooks=hooks)
     for L in range(TINY["n_layer"]):
+        # measured 3.0e-8 (values up to 1), bound 1e-5: 336x
         torch.testing.assert_close(acts[f"blocks.{L}.hook_resid_pre"], out.hidden_states[L], atol=1e-5, rtol=0,
                                    msg=lambda m, L=L: f"resid_pre of layer {L} differs from HF hidden_states[{L}]: {m}")
+        # measured 6.0e-8 (values up to 1), bound 1e-6: 17x
         torch.testing.assert_close(acts[f"blocks.{L}.attn.hook_pattern"], out.attentions[L], atol=1e-6, rtol=0,
                                    msg=lambda m, L=L: f"pattern of layer {L} differs from HF attentions[{L}]: {m}")
     # HF's last hidden state is after ln_f.
+    # measured 4.8e-7 (values up to 2.4), bound 1e-5: 21x
     torch.testing.assert_close(acts["ln_final.hook_normalized"], out.hidden_states[-1], atol=1e-5, rtol=0)
 
 
@@ -65,6 +69,7 @@ def test_small_shape_logits_match(small_hf, dtype, atol):
         tokens = torch.randint(0, 50257, (2, 24), generator=torch.Generator().manual_seed(2))
         out = assert_parity(model, hf, tokens, atol)
         for L in (0, 6, 11):
+            # measured 6.2e-15 (values up to 4.9), bound 1e-10: 16084x; measured 1.7e-6 (values up to 4.9), bound 1e-5: 6x
             torch.testing.assert_close(_resid_pre(model, tokens, L), out.hidden_states[L], atol=atol, rtol=0,
                                        msg=lambda m, L=L: f"resid_pre of layer {L}: {m}")
     finally:

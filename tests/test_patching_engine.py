@@ -38,6 +38,7 @@ def assert_equals_loop(model, corrupted, cache, result, kind, metric=METRIC, mas
     for point in sample_points(result.shape, n, seed=len(kind)):
         named = dict(zip(result.axes, point))
         expected = loop_value(model, corrupted, cache, metric, kind, named, attention_mask=mask)
+        # measured 7.2e-16 (values up to 0.13), bound 1e-12: 1386x; measured 6.6e-7 (values up to 1.9), bound 1e-5: 15x
         torch.testing.assert_close(values[point], torch.tensor(expected, dtype=values.dtype), atol=atol, rtol=0,
                                    msg=f"{kind} at {named}: batched {values[point].item()}, loop {expected}")
 
@@ -83,8 +84,10 @@ def test_clean_into_clean_gives_the_clean_metric_for_every_named_sweep():
     assert len(names) == 18
     for name in names:
         result = getattr(patching, name)(model, clean, cache, METRIC)
+        # measured 4.5e-7 (values up to 0.043), bound 1e-5: 22x
         torch.testing.assert_close(result.values, clean_value.expand(result.shape), atol=1e-5, rtol=0, msg=name)
     paths = path_patch_heads(model, clean, cache, METRIC, [(2, 1, "q")])
+    # measured 5.1e-7 (values up to 0.043), bound 1e-5: 20x
     torch.testing.assert_close(paths.values[:2], clean_value.expand(2, 5), atol=1e-5, rtol=0)
 
 
@@ -117,9 +120,11 @@ def test_options_and_chunking_give_identical_results():
                                    reference.values, atol=1e-5, rtol=0, msg=str(options))
     # A plain callable gets full logits; a PositionMetric only its read position: same numbers.
     full = patch_resid_pre(model, corrupted, cache, lambda logits: METRIC(logits))
+    # measured 0 (values up to 1.5), bound 1e-6 (exact here)
     torch.testing.assert_close(full.values, reference.values, atol=1e-6, rtol=0)
     per_prompt = patch_resid_pre(model, corrupted, cache, METRIC, reduce=None)
     assert per_prompt.axes == ("layer", "pos", "batch") and per_prompt.shape == (3, SEQ, N_PROMPTS)
+    # measured 0 (values up to 1.5), bound 1e-6 (exact here)
     torch.testing.assert_close(per_prompt.values.mean(-1), reference.values, atol=1e-6, rtol=0)
     assert reference.labels == {"layer": ["0", "1", "2"], "pos": [str(i) for i in range(SEQ)]}  # no tokenizer
 
@@ -179,4 +184,4 @@ def test_cuda_matches_cpu():
         result = activation_patch(model, corrupted, cache, TargetLoss(torch.tensor([3, 5])), "z", ("layer", "pos", "head"))
         assert result.values.device.type == model.cfg_device().type
         results.append(result.values.cpu())
-    torch.testing.assert_close(results[1], results[0], atol=1e-4, rtol=0)
+    torch.testing.assert_close(results[1], results[0], atol=1e-4, rtol=0)  # CUDA vs CPU: not yet measured on a GPU

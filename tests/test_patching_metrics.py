@@ -30,8 +30,10 @@ def test_positions_per_prompt_and_negative(logits):
 def test_probability_and_loss_by_hand(logits):
     target = torch.tensor([3, 0])
     probs = torch.stack([F.softmax(logits[r, 2], -1)[[3, 0][r % 2]] for r in range(6)])
+    # measured 1.5e-8 (values up to 0.23), bound 1e-7: 7x
     torch.testing.assert_close(TargetProb(target, pos=2)(logits), probs, atol=1e-7, rtol=0)
     loss = F.cross_entropy(logits[:, 2], target.repeat(3), reduction="none")
+    # measured 0 (values up to 4), bound 1e-6 (exact here)
     torch.testing.assert_close(TargetLoss(target, pos=2)(logits), loss, atol=1e-6, rtol=0)
 
 
@@ -40,9 +42,12 @@ def test_normalised_is_one_on_clean_zero_on_corrupted(logits):
     base = LogitDiff(torch.tensor([1, 2, 3]), 0)
     for per_prompt in (False, True):
         norm = Normalized.from_logits(base, clean, corrupted, per_prompt=per_prompt)
+        # measured 0 (values up to 1), bound 1e-6 (exact here)
         torch.testing.assert_close(norm(clean).mean(), torch.tensor(1.0), atol=1e-6, rtol=0)
+        # measured 0 (values up to 0), bound 1e-6 (exact here)
         torch.testing.assert_close(norm(corrupted).mean(), torch.tensor(0.0), atol=1e-6, rtol=0)
     norm = Normalized(base, clean=2.0, corrupted=-1.0)
+    # measured 0 (values up to 0.83), bound 1e-6 (exact here)
     torch.testing.assert_close(norm(logits), (base(logits) + 1.0) / 3.0, atol=1e-6, rtol=0)
 
 

@@ -38,6 +38,7 @@ def test_frozen_path_to_logits_is_the_senders_direct_effect(setup):
         expected = METRIC(model.unembed(model.ln_final(final))).mean()
     got = path_patch(model, corrupted, clean_cache, METRIC, senders, "logits", freeze_mlps=True)
     assert not got.requires_grad
+    # measured 3.0e-7 (values up to 0.97), bound 1e-5: 34x
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
     unpatched = METRIC(model(corrupted)).mean()
     assert abs((got - unpatched).item()) > 1000 * ATOL
@@ -48,6 +49,7 @@ def test_last_layer_sender_to_logits_equals_activation_patching(setup):
     model, corrupted, clean_cache, _ = setup
     heads = patch_head_z(model, corrupted, clean_cache, METRIC)
     paths = path_patch_heads(model, corrupted, clean_cache, METRIC, "logits")
+    # measured 1.2e-7 (values up to 0.9), bound 1e-5: 84x
     torch.testing.assert_close(paths.values[3], heads.values[3], atol=ATOL, rtol=0)
     assert paths.axes == ("layer", "head") and paths.shape == (4, 5)
 
@@ -95,6 +97,7 @@ def test_paths_into_head_inputs_equal_reference(setup, senders, receivers):
     model, corrupted, clean_cache, corrupted_cache = setup
     expected = reference_path_patch(model, corrupted, clean_cache, corrupted_cache, senders, receivers)
     got = path_patch(model, corrupted, clean_cache, METRIC, senders, receivers)
+    # measured 3.0e-7 (values up to 0.97), bound 1e-5: 34x
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
     assert abs((got - METRIC(model(corrupted)).mean()).item()) > 10 * ATOL  # doing nothing would fail
 
@@ -106,6 +109,7 @@ def test_sweep_over_senders_equals_single_calls_and_marks_impossible_senders(set
     assert torch.isnan(sweep.values[2:]).all() and not torch.isnan(sweep.values[:2]).any()
     for layer, head in [(0, 0), (0, 4), (1, 2)]:
         single = path_patch(model, corrupted, clean_cache, METRIC, [(layer, head)], receivers)
+        # measured 1.8e-7 (values up to 0.87), bound 1e-5: 56x
         torch.testing.assert_close(sweep.values[layer, head], single, atol=ATOL, rtol=0)
     per_prompt = path_patch(model, corrupted, clean_cache, METRIC, [(1, 2)], receivers, reduce=None)
     assert per_prompt.shape == (N_PROMPTS,)

@@ -31,12 +31,15 @@ def outputs(model, tokens):
 def assert_same_predictions(model, processed, tokens, atol, logits_shift_allowed):
     logits, log_probs = outputs(model, tokens)
     new_logits, new_log_probs = outputs(processed, tokens)
+    # measured 1.2e-14 (values up to 11), bound 1e-12: 80x; measured 2.9e-6 (values up to 13), bound 3e-5: 10x
     torch.testing.assert_close(new_log_probs, log_probs, atol=atol, rtol=0)
     diff = new_logits - logits
     if logits_shift_allowed:
         # One constant per position: the difference is flat along the vocabulary.
+        # measured 1.2e-14 (values up to 0.83), bound 1e-12: 81x; measured 1.8e-6 (values up to 0.002), bound 3e-5: 17x
         torch.testing.assert_close(diff, diff.mean(-1, keepdim=True).expand_as(diff), atol=atol, rtol=0)
     else:
+        # measured 1.7e-16 (values up to 0.21), bound 1e-12: 6005x; measured 6.0e-8 (values up to 0.21), bound 3e-5: 503x
         torch.testing.assert_close(new_logits, logits, atol=atol, rtol=0)
 
 
@@ -74,9 +77,11 @@ def test_fold_ln_moves_the_norms_into_the_readers(tiny64):
         if name.endswith(("ln1.b", "ln2.b")) or name == "ln_final.b":
             assert torch.equal(param, torch.zeros_like(param)), name
     w, W_Q = tiny64.blocks[1].ln1.w, tiny64.blocks[1].attn.W_Q
+    # measured 0 (values up to 0.086), bound 1e-15 (exact here)
     torch.testing.assert_close(folded.blocks[1].attn.W_Q, W_Q * w[None, :, None], atol=1e-15, rtol=0)
     # The tied unembedding is untied, and ln_final's bias becomes b_U.
     assert (folded.cfg.tied_unembed, folded.cfg.unembed_bias) == (False, True)
+    # measured 0 (values up to 0.043), bound 1e-12 (exact here)
     torch.testing.assert_close(folded.unembed.b_U, tiny64.ln_final.b @ tiny64.W_U, atol=1e-12, rtol=0)
     assert tiny64.processing == () and tiny64.cfg.tied_unembed, "the original model is untouched"
 
@@ -89,6 +94,7 @@ def test_functions_are_pure_and_idempotent(tiny64):
         twice = fn(once, cfg)
         assert set(once) == set(twice)
         for key in once:
+            # measured 1.4e-17 (values up to 1.8), bound 1e-15: 72x
             torch.testing.assert_close(twice[key], once[key], atol=1e-15, rtol=0, msg=lambda m: f"{fn.__name__} {key}: {m}")
         for key, value in tiny64.state_dict().items():
             assert torch.equal(sd[key], value), f"{fn.__name__} modified its input {key}"
@@ -175,4 +181,5 @@ def test_small_shape_logit_attributions_agree(small_model, small_processed, smal
     assert labels == labels_after and len(labels) == 2 + 2 * 12
     assert before.shape == (len(labels) + 1, 2)  # + the final norm's bias row
     assert before.abs().max() > 1e-2, "attributions too small for the comparison to mean anything"
+    # measured 8.9e-8 (values up to 0.39), bound 1e-5: 112x
     torch.testing.assert_close(after, before, atol=1e-5, rtol=0)

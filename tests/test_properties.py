@@ -66,5 +66,6 @@ def test_random_gpt2_matches_transformers(case):
             theirs = hf(tokens, attention_mask=mask, position_ids=positions).logits
             real = mask.bool()
     assert not model.has_hooks
+    # measured 1.8e-7 (values up to 1.3), bound 1e-5: 56x
     torch.testing.assert_close(ours[real], theirs[real], atol=1e-5, rtol=0,
                                msg=lambda m: f"{case['sizes']} padding={case['padding']} real={case['real']}: {m}")

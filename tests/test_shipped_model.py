@@ -98,11 +98,12 @@ def test_heldout_loss_clearly_beats_the_best_unigram_model(model, heldout_window
     p = counts[counts > 0] / counts.sum()
     unigram = -(p * p.log()).sum().item()
     assert loss.item() < unigram - 1.0, (loss.item(), unigram)
-    assert loss.item() == pytest.approx(HELDOUT_LOSS_16, abs=2e-3)
+    assert loss.item() == pytest.approx(HELDOUT_LOSS_16, abs=2e-3)  # measured 1.6e-5 off the pinned value
 
 
 def test_induction_scores_are_pinned(model):
     scores = induction_score(model, 20, n_repeats=2, batch=8, seed=0, bos_token_id=model.tokenizer.eos_token_id)
+    # measured 5.0e-5 (values up to 0.82), bound 0.001: 20x
     torch.testing.assert_close(scores, torch.tensor(INDUCTION_SCORES), atol=1e-3, rtol=0)
 
 

@@ -86,6 +86,7 @@ def test_logged_loss_and_grad_norm_match_a_hand_computation():
     loss = -log_probs.mean()
     loss.backward()
     norm = torch.cat([p.grad.flatten() for p in reference.parameters()]).norm()
+    # measured relative differences: loss 7.1e-8 (14x), grad norm and lr 0 (exact here)
     assert records[0]["loss"] == pytest.approx(loss.item(), rel=1e-6, abs=0)
     assert records[0]["grad_norm"] == pytest.approx(norm.item(), rel=1e-5, abs=0)
     assert records[0]["lr"] == pytest.approx(TC.lr / 2, rel=1e-12)
@@ -94,7 +95,7 @@ def test_logged_loss_and_grad_norm_match_a_hand_computation():
 def test_eval_loss_is_the_heldout_cross_entropy():
     t = trainer()
     expected = [F.cross_entropy(t.model(x).flatten(0, 1), y.flatten()).item() for x, y in t.eval_set]
-    assert t.evaluate() == pytest.approx(sum(expected) / len(expected), rel=1e-6, abs=0)
+    assert t.evaluate() == pytest.approx(sum(expected) / len(expected), rel=1e-6, abs=0)  # measured 0 (exact here)
     assert all(x.shape == (TC.batch_size, CFG.n_ctx) for x, _ in t.eval_set)
 
 

@@ -43,6 +43,7 @@ def test_zero_gradient_step_shrinks_only_matrices():
 def test_schedule_shape_by_hand():
     lr, warm, total, floor = 0.3, 10, 110, 0.1
     got = [lr_at(s, lr, warm, total, floor) for s in range(total + 5)]
+    # The schedule is float64 arithmetic on Python floats: equal up to rounding, so rel=1e-12.
     assert got[:warm] == pytest.approx([lr * (s + 1) / warm for s in range(warm)], rel=1e-12)
     assert got[warm] == pytest.approx(lr, rel=1e-12)
     # halfway through the decay the cosine is at the mean of peak and floor

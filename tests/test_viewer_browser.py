@@ -115,7 +115,7 @@ def run_in_browser(browser: str, page_path: str) -> tuple:
     return json.loads(html.unescape(found.group(1))), done.stderr
 
 
-def close(a, b, atol=1e-4) -> bool:
+def close(a, b, atol=1e-4) -> bool:  # the page's numbers are rounded to 5 decimals (error <= 5e-6)
     return torch.allclose(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64), atol=atol, rtol=0)
 
 
