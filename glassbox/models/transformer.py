@@ -231,6 +231,24 @@ class HookedTransformer(TokenizerMixin, HookedRootModule):
     W_in = property(lambda self: self._stacked("mlp", "W_in"), doc="[layer d_model d_mlp] (a copy)")
     W_out = property(lambda self: self._stacked("mlp", "W_out"), doc="[layer d_mlp d_model] (a copy)")
 
+    @property
+    def OV(self):
+        """Every head's OV circuit, ``FactoredMatrix(W_V, W_O)`` [layer head d_model d_model] with hidden dim
+        d_head: a residual-stream row vector x at a source position moves x @ OV[layer, head] into the
+        destination, times its attention weight (biases left out). Factors are copies of the weights."""
+        from ..interp.factored_matrix import FactoredMatrix
+
+        return FactoredMatrix(self.W_V, self.W_O)
+
+    @property
+    def QK(self):
+        """Every head's QK circuit, ``FactoredMatrix(W_Q, W_K^T)`` [layer head d_model d_model] with hidden dim
+        d_head: the attention score of query x_q on key x_k is x_q @ QK[layer, head] @ x_k^T, before the
+        1/sqrt(d_head) scale, without biases and, with rotary positions, without the rotation."""
+        from ..interp.factored_matrix import FactoredMatrix
+
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
+
     # -- entry points into the later layers --------------------------------------------------
     @classmethod
     def from_pretrained(cls, name_or_path: str, device=None, dtype: torch.dtype = torch.float32, **kwargs):
