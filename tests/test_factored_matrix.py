@@ -5,6 +5,7 @@ Bounds are absolute (rtol=0); each states beside it the worst error measured ove
 paths of tests/bound_log.py, and the size of the values compared.
 """
 
+import numpy as np
 import pytest
 import torch
 from jaxtyping import TypeCheckError
@@ -275,6 +276,7 @@ def test_indexing_rows_and_columns_keeps_both_dims():
         ((..., 3), M[:, :, 3:4]),
         ((None, 1, 2), M[None, 1, 2:3]),
         ((1, torch.tensor(4)), M[1, 4:5]),
+        ((np.array([2, 0]), np.array([1, 3])), M[[2, 0]][:, [1, 3]]),
     ]
     for idx, expected in cases:
         assert_close(F[idx].AB, expected, atol=1e-13, rtol=0)  # measured 0 (values up to 5), bound 1e-13

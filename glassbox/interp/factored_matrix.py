@@ -248,12 +248,13 @@ class FactoredMatrix:
                     raise IndexError(f"index {idx!r} into {self!r}: None (a new axis) can stand only among "
                                      "the leading indices")
                 lead.append(entry)
-            elif len(lead) - lead.count(None) < n_lead:
+            elif sum(e is not None for e in lead) < n_lead:
                 lead.append(entry)
             else:
                 matrix.append(entry)
         if len(matrix) > 2:
-            raise IndexError(f"index {idx!r} into {self!r} has {len(entries) - entries.count(None)} entries; "
+            used = sum(e is not None for e in entries)
+            raise IndexError(f"index {idx!r} into {self!r} has {used} entries; "
                              f"at most {self.ndim}: {n_lead} leading, then rows and columns")
         try:
             A, B = self.A[tuple(lead)], self.B[tuple(lead)]
