@@ -78,9 +78,7 @@ class HookedRootModule(nn.Module):
         handles: list[HookHandle] = []
         with self.hook_guard.claim("a hooks() block"):
             try:
-                for specs, dir in ((fwd_hooks, "fwd"), (bwd_hooks, "bwd")):
-                    for name_or_filter, fn in _as_pairs(specs, dir):
-                        handles += self.add_hook(name_or_filter, fn, dir=dir)
+                self._attach(fwd_hooks, bwd_hooks, handles)
                 yield self
             finally:
                 for handle in reversed(handles):
@@ -100,15 +98,20 @@ class HookedRootModule(nn.Module):
         handles: list[HookHandle] = []
         with self.hook_guard.claim("run_with_hooks"):
             try:
-                for specs, dir in ((fwd_hooks, "fwd"), (bwd_hooks, "bwd")):
-                    for name_or_filter, fn in _as_pairs(specs, dir):
-                        handles += self.add_hook(name_or_filter, fn, dir=dir)
+                self._attach(fwd_hooks, bwd_hooks, handles)
                 return self(*args, **kwargs)
             except BaseException:
                 # Kept hooks are the caller's only when the run succeeded.
                 for handle in reversed(handles):
                     handle.remove()
                 raise
+
+    def _attach(self, fwd_hooks: HookSpec, bwd_hooks: HookSpec, handles: list) -> None:
+        """Add every (name_or_filter, fn) pair, appending each handle to ``handles`` as it is made, so
+        the caller can remove exactly what was added even when a later pair fails."""
+        for specs, dir in ((fwd_hooks, "fwd"), (bwd_hooks, "bwd")):
+            for name_or_filter, fn in _as_pairs(specs, dir):
+                handles += self.add_hook(name_or_filter, fn, dir=dir)
 
 
 def _as_pairs(specs: HookSpec, dir: str) -> Iterable[tuple]:

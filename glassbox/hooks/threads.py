@@ -44,14 +44,20 @@ class HookStateGuard:
         # Copies and unpickled models start unowned, with nothing running.
         return (HookStateGuard, ())
 
-    def _refuse(self, action: str, me: int) -> None:
-        if self.owner is not None and self.owner != me:
+    def _refuse_if_held(self, action: str, me: int, owner: Optional[int]) -> None:
+        if owner is not None and owner != me:
             raise RuntimeError(f"{action} on {_thread_name(me)}, but this model's hooks are held by "
-                               f"{_thread_name(self.owner)} (inside {self.what}); {ADVICE}")
+                               f"{_thread_name(owner)} (inside {self.what}); {ADVICE}")
+
+    def _refuse_if_busy(self, action: str, me: int) -> None:
         busy = [t for t in list(self.running) if t != me]
         if busy:
             raise RuntimeError(f"{action} on {_thread_name(me)} while {_thread_name(busy[0])} is inside "
                                f"a forward of this model; {ADVICE}")
+
+    def _refuse(self, action: str, me: int) -> None:
+        self._refuse_if_held(action, me, self.owner)
+        self._refuse_if_busy(action, me)
 
     @contextmanager
     def claim(self, what: str) -> Iterator[None]:
@@ -63,9 +69,11 @@ class HookStateGuard:
                 # Set the owner before looking for running forwards; a forward registers itself
                 # before reading the owner, so of two racing threads at least one sees the other.
                 self.owner, self.what = me, what
-                if [t for t in list(self.running) if t != me]:
+                try:
+                    self._refuse_if_busy(what, me)
+                except RuntimeError:
                     self.owner, self.what = None, ""
-                    self._refuse(what, me)
+                    raise
             self.depth += 1
         try:
             yield
@@ -83,11 +91,11 @@ class HookStateGuard:
         me = threading.get_ident()
         running = self.running
         running[me] = running.get(me, 0) + 1
-        owner = self.owner
-        if owner is not None and owner != me:
+        try:
+            self._refuse_if_held("forward", me, self.owner)  # the owner read once, after registering
+        except RuntimeError:
             self.exit_forward(me)
-            raise RuntimeError(f"forward on {_thread_name(me)}, but this model's hooks are held by "
-                               f"{_thread_name(owner)} (inside {self.what}); {ADVICE}")
+            raise
         return me
 
     def exit_forward(self, me: int) -> None:
