@@ -216,23 +216,26 @@ def test_mistake_is_one_line_exit_2_and_changes_nothing(results, name):
     assert not (case / MARKER_NAME).exists(), "loading the checkpoint ran code"
 
 
+def train_killed(root: Path, out: Path, patch: str) -> None:
+    """``glassbox train`` into ``out`` in a subprocess where ``patch`` (code run first, with os and
+    signal imported) SIGKILLs the process at the point it chooses; asserts that it was killed."""
+    script = "import os, signal, sys\n" + patch + "from glassbox.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    proc = subprocess.run([sys.executable, "-c", script, "train", "--text", str(root / "text.txt"),
+                           "--out", str(out), *TINY], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+
 def test_killed_between_the_checkpoint_renames_resumes_to_the_uninterrupted_run(root, tmp_path):
     # Kill the process (SIGKILL, no clean-up) right after the last save renamed checkpoint/ aside:
     # the moment at which the earlier save left no checkpoint/ at all.
     out = tmp_path / "killed"
-    script = (
-        "import os, signal, sys\n"
+    train_killed(root, out, (
         "real = os.rename\n"
         "def rename(src, dst, *a, **k):\n"
         "    real(src, dst, *a, **k)\n"
         "    if str(dst).endswith('checkpoint.old') and os.path.exists(str(src) + '.new'):\n"
         "        os.kill(os.getpid(), signal.SIGKILL)\n"
-        "os.rename = rename\n"
-        "from glassbox.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n")
-    proc = subprocess.run([sys.executable, "-c", script, "train", "--text", str(root / "text.txt"),
-                           "--out", str(out), *TINY], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
+        "os.rename = rename\n"))
     assert not (out / "checkpoint").exists() and (out / "checkpoint.old").is_dir()
     resumed = glassbox("--text", root / "text.txt", "--out", out, "--resume", "--no-progress")
     assert resumed.returncode == 0, resumed.stderr
@@ -245,8 +248,7 @@ def test_killed_between_the_checkpoint_renames_resumes_to_the_uninterrupted_run(
 def test_resume_after_a_kill_mid_run_drops_the_log_lines_it_trains_again(root, tmp_path):
     # Killed while computing step 4's loss: the checkpoint is step 2's, the log has steps 1 to 3.
     out = tmp_path / "run"
-    script = (
-        "import os, signal, sys\n"
+    train_killed(root, out, (
         "from glassbox.train.loop import Trainer\n"
         "real, calls = Trainer.loss, []\n"
         "def loss(self, *a):\n"
@@ -254,12 +256,7 @@ def test_resume_after_a_kill_mid_run_drops_the_log_lines_it_trains_again(root, t
         "    if len(calls) == 4:\n"
         "        os.kill(os.getpid(), signal.SIGKILL)\n"
         "    return real(self, *a)\n"
-        "Trainer.loss = loss\n"
-        "from glassbox.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n")
-    proc = subprocess.run([sys.executable, "-c", script, "train", "--text", str(root / "text.txt"),
-                           "--out", str(out), *TINY], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
+        "Trainer.loss = loss\n"))
     with open(out / "train_log.jsonl", "a") as log:
         log.write('{"step": 4, "lo')  # as a kill in mid-write would leave it
     resumed = glassbox("--text", root / "text.txt", "--out", out, "--resume", "--no-progress")
