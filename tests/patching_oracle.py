@@ -65,3 +65,44 @@ def tiny_model(preset: str = "gpt2", dtype=torch.float32, device=None, **changes
     model = HookedTransformer(cfg, dtype=dtype, device=device).eval()
     perturb_vectors(model)
     return model
+
+
+def path_patch_by_forwards(model, corrupted, clean_cache, metric, senders, receivers, hooks=(), freeze_mlps=False):
+    """Path patching by the IOI procedure with plain full forwards, all under ``hooks``: the corrupted
+    run's values, run 1 (senders clean, other heads and optionally MLPs frozen) capturing receiver
+    inputs, run 2. ``receivers`` is a list of (layer, head, kind); empty: read the metric from run 1."""
+    corrupted_acts, captured = {}, {}
+
+    def keep(store):
+        def hook(act, hook):
+            store[hook.name] = act.clone()
+        return hook
+
+    def freeze(layer):
+        def hook(z, hook):
+            z = corrupted_acts[hook.name].clone()
+            for l, h in senders:
+                if l == layer:
+                    z[:, :, h] = clean_cache[hook.name][:, :, h]
+            return z
+        return hook
+
+    def patch(act, hook):
+        act = act.clone()
+        for l, h, k in receivers:
+            if hook.name == f"blocks.{l}.attn.hook_{k}":
+                act[:, :, h] = captured[hook.name][:, :, h]
+        return act
+
+    n = model.cfg.n_layers
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        names = [f"blocks.{L}.attn.hook_z" for L in range(n)] + [f"blocks.{L}.hook_mlp_out" for L in range(n)]
+        model.run_with_hooks(corrupted, fwd_hooks=[(name, keep(corrupted_acts)) for name in names])
+        run1 = [(f"blocks.{L}.attn.hook_z", freeze(L)) for L in range(n)]
+        if freeze_mlps:
+            run1 += [(f"blocks.{L}.hook_mlp_out", lambda act, hook: corrupted_acts[hook.name]) for L in range(n)]
+        receiver_names = sorted({f"blocks.{l}.attn.hook_{k}" for l, _, k in receivers})
+        logits = model.run_with_hooks(corrupted, fwd_hooks=run1 + [(name, keep(captured)) for name in receiver_names])
+        if receivers:
+            logits = model.run_with_hooks(corrupted, fwd_hooks=[(name, patch) for name in receiver_names])
+    return metric(logits).mean()

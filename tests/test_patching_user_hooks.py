@@ -21,7 +21,7 @@ import torch
 
 from glassbox.interp.patching import (LogitDiff, patch_attn_out, patch_head_pattern, patch_head_pattern_by_pos,
                                       patch_head_z, patch_resid_pre, path_patch, path_patch_heads)
-from patching_oracle import SIZES, loop_value, tiny_model
+from patching_oracle import SIZES, loop_value, path_patch_by_forwards, tiny_model
 
 ATOL = 3e-6  # measured worst 9.5e-7 (sweeps, path patching, every budget and attachment)
 N_PROMPTS, SEQ = 3, 6
@@ -149,47 +149,6 @@ def test_pattern_by_query_position_under_user_hooks(setup):
         assert_close_to(values, expected, f"pattern by query_pos ({attach}, memory_budget={budget})")
 
 
-def reference_path_patch(model, corrupted, clean_cache, senders, receivers, hooks, freeze_mlps=False):
-    """The IOI procedure with plain full forwards, all under ``hooks``: the corrupted run's values,
-    run 1 (senders clean, other heads and optionally MLPs frozen) capturing receiver inputs, run 2.
-    ``receivers`` is a list of (layer, head, kind); empty: read the metric from run 1."""
-    corrupted_acts, captured = {}, {}
-
-    def keep(store):
-        def hook(act, hook):
-            store[hook.name] = act.clone()
-        return hook
-
-    def freeze(layer):
-        def hook(z, hook):
-            z = corrupted_acts[hook.name].clone()
-            for l, h in senders:
-                if l == layer:
-                    z[:, :, h] = clean_cache[hook.name][:, :, h]
-            return z
-        return hook
-
-    def patch(act, hook):
-        act = act.clone()
-        for l, h, k in receivers:
-            if hook.name == f"blocks.{l}.attn.hook_{k}":
-                act[:, :, h] = captured[hook.name][:, :, h]
-        return act
-
-    n = model.cfg.n_layers
-    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
-        names = [f"blocks.{L}.attn.hook_z" for L in range(n)] + [f"blocks.{L}.hook_mlp_out" for L in range(n)]
-        model.run_with_hooks(corrupted, fwd_hooks=[(name, keep(corrupted_acts)) for name in names])
-        run1 = [(f"blocks.{L}.attn.hook_z", freeze(L)) for L in range(n)]
-        if freeze_mlps:
-            run1 += [(f"blocks.{L}.hook_mlp_out", lambda act, hook: corrupted_acts[hook.name]) for L in range(n)]
-        receiver_names = sorted({f"blocks.{l}.attn.hook_{k}" for l, _, k in receivers})
-        logits = model.run_with_hooks(corrupted, fwd_hooks=run1 + [(name, keep(captured)) for name in receiver_names])
-        if receivers:
-            logits = model.run_with_hooks(corrupted, fwd_hooks=[(name, patch) for name in receiver_names])
-    return METRIC(logits).mean()
-
-
 @pytest.mark.parametrize("receivers", ["logits", [(2, 1, "q"), (2, 3, "v")]])
 def test_path_patch_heads_under_user_hooks_equals_reference(setup, receivers):
     model, corrupted, cache = setup
@@ -198,7 +157,7 @@ def test_path_patch_heads_under_user_hooks_equals_reference(setup, receivers):
     expected = torch.full((3, 5), float("nan"))
     parsed = [] if receivers == "logits" else receivers
     for layer, head in itertools.product(range(limit), range(5)):
-        expected[layer, head] = reference_path_patch(model, corrupted, cache, [(layer, head)], parsed, hooks)
+        expected[layer, head] = path_patch_by_forwards(model, corrupted, cache, METRIC, [(layer, head)], parsed, hooks)
     plain = path_patch_heads(model, corrupted, cache, METRIC, receivers).values
     assert (expected[:limit] - plain[:limit]).abs().max().item() > 1000 * ATOL, "the hooks change nothing"
     for attach, budget in [("model", BUDGETS[0]), ("fwd_hooks", BUDGETS[-1])]:
@@ -216,7 +175,8 @@ def test_path_patch_heads_under_user_hooks_equals_reference(setup, receivers):
 def test_path_patch_with_frozen_mlps_under_user_hooks_equals_reference(setup):
     model, corrupted, cache = setup
     senders, receivers = [(0, 1), (1, 4)], [(2, 0, "k"), (2, 2, "q")]
-    expected = reference_path_patch(model, corrupted, cache, senders, receivers, HOOKS["all"], freeze_mlps=True)
+    expected = path_patch_by_forwards(model, corrupted, cache, METRIC, senders, receivers, HOOKS["all"],
+                                      freeze_mlps=True)
     got = path_patch(model, corrupted, cache, METRIC, senders, receivers, freeze_mlps=True, fwd_hooks=HOOKS["all"])
     assert abs((got - path_patch(model, corrupted, cache, METRIC, senders, receivers, freeze_mlps=True)).item()) \
         > 1000 * ATOL
