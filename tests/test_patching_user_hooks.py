@@ -52,6 +52,11 @@ def add_position_ramp(act, hook):  # not idempotent: applied twice, it adds twic
     return act + 0.3 * torch.arange(act.shape[1], dtype=act.dtype)[:, None] * direction
 
 
+def add_ramp_in_place(act, hook):  # edits the tensor it is given and returns None
+    act.add_(0.3 * torch.arange(act.shape[1], dtype=act.dtype)[:, None] * torch.linspace(-1, 2, act.shape[-1],
+                                                                                          dtype=act.dtype))
+
+
 def tilt_by_position(act, hook):
     return act * (1 + 0.2 * torch.arange(act.shape[1], dtype=act.dtype))[:, None]
 
@@ -62,6 +67,7 @@ HOOKS = {
     "ctx": [(CTX_POINT, scale_per_prompt_from_ctx)],
     "readout": [("ln_final.hook_normalized", tilt_by_position)],
     "join": [("blocks.1.hook_resid_pre", add_position_ramp)],  # where variants of layer 1 join
+    "in_place": [("blocks.2.hook_resid_pre", add_ramp_in_place)],  # the base run must keep its own copy
 }
 HOOKS["all"] = [h for hooks in HOOKS.values() for h in hooks]
 SWEEPS = {"resid_pre": patch_resid_pre, "z": patch_head_z, "pattern": patch_head_pattern, "attn_out": patch_attn_out}

@@ -70,8 +70,9 @@ def base_run(model, tokens: Tensor, key_mask: Optional[Tensor], names: Sequence[
     n_layers = model.cfg.n_layers
     acts: dict = {}
     # resid_pre is kept as it enters its hook point, before any user hook there: a variant joining
-    # at that block passes the hook point again. A copy, in case a user hook edits it in place.
-    keep_input = lambda act, hook: acts.__setitem__(hook.name, act.clone())
+    # at that block passes the hook point again. Copied only where a user hook follows (it could
+    # edit the tensor in place); otherwise nothing else sees it.
+    keep_input = lambda act, hook: acts.__setitem__(hook.name, act.clone() if len(hook.fwd_hooks) > 1 else act)
     # Everything else is kept after every hook (the corrupted value the loop would see). The forward
     # builds fresh tensors after each hook point, so holding references is safe.
     hooks = [(name, lambda act, hook: acts.__setitem__(hook.name, act)) for name in dict.fromkeys(
