@@ -111,23 +111,24 @@ def load_checkpoint(folder: Union[str, Path]) -> tuple:
     try:
         cfg = Config(**json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8")))
     except (ValueError, TypeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"damaged checkpoint file {folder / CONFIG_FILE}: {_first_line(error)}") from error
+        raise CheckpointError(f"damaged checkpoint file {folder / CONFIG_FILE}: {first_line(error)}") from error
     try:
         state = read_safetensors(folder / MODEL_FILE)
     except ValueError as error:
-        raise CheckpointError(f"damaged checkpoint file {folder / MODEL_FILE}: {_first_line(error)}") from error
+        raise CheckpointError(f"damaged checkpoint file {folder / MODEL_FILE}: {first_line(error)}") from error
     try:
         # weights_only=True: a pickle that would build an arbitrary object (run code) is refused.
         trainer_state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises UnpicklingError, RuntimeError, EOFError, ... for bad files
         raise CheckpointError(f"damaged or unsafe checkpoint file {folder / STATE_FILE}: "
-                              f"{_first_line(error)}") from error
+                              f"{first_line(error)}") from error
     if not isinstance(trainer_state, dict) or any(key not in trainer_state for key in STATE_KEYS):
         raise CheckpointError(f"checkpoint file {folder / STATE_FILE} is not a glassbox trainer state "
                               f"(needs the keys {', '.join(STATE_KEYS)})")
     return cfg, state, trainer_state
 
 
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
+    """The first line of an error's message (its type name when the message is empty), for one-line errors."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__

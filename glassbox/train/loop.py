@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from ..models import Config, HookedTransformer
 from ..models.init import init_weights
-from .checkpoint import STATE_FILE, CheckpointError, load_checkpoint, save_checkpoint
+from .checkpoint import STATE_FILE, CheckpointError, first_line, load_checkpoint, save_checkpoint
 from .data import RepeatSpec, heldout_batches, training_batch
 from .optim import lr_at, make_optimizer
 
@@ -201,7 +201,7 @@ class Trainer:
             config = TrainConfig(**state["train_config"])
         except (RuntimeError, TypeError, ValueError) as error:
             raise CheckpointError(f"checkpoint {folder} does not fit together: "
-                                  f"{str(error).strip().splitlines()[0]}") from error
+                                  f"{first_line(error)}") from error
         trainer = cls(model, train_stream, heldout_stream, bos_id, config,
                       checkpoint_dir=checkpoint_dir if checkpoint_dir is not None else folder, log=log,
                       progress=progress)
@@ -213,7 +213,7 @@ class Trainer:
                 raise ValueError(f"step {step} of {config.steps} with history keys {sorted(history)}")
         except (RuntimeError, TypeError, ValueError, KeyError) as error:
             raise CheckpointError(f"damaged trainer state in {Path(folder) / STATE_FILE}: "
-                                  f"{str(error).strip().splitlines()[0]}") from error
+                                  f"{first_line(error)}") from error
         trainer.step, trainer.history = step, history
         return trainer
 
