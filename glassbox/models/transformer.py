@@ -27,12 +27,13 @@ from .embed import Embed, Unembed
 from .init import init_weights
 from .kv_cache import KVCache
 from .masks import attention_mask_for, positions_for
+from .methods import ModelMethods
 from .tokenize import TokenizerMixin
 
 RETURN_TYPES = ("logits", "loss", "both", None)
 
 
-class HookedTransformer(TokenizerMixin, HookedRootModule):
+class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
     def __init__(self, cfg: Config, tokenizer=None, init: bool = True,
                  device: Union[str, torch.device, None] = None, dtype: torch.dtype = torch.float32):
         super().__init__()
