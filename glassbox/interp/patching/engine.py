@@ -5,7 +5,8 @@ runs the corrupted tokens once per variant (every layer x position here), each t
 slice of one activation by its value in ``clean_cache``, and returns the metric of every variant as
 a ``PatchResult`` [layer pos]. The meaning is TransformerLens's ``generic_activation_patch``; the
 metric differs in returning one value per prompt (see ``metrics.py``), and the result is its mean
-over prompts (``reduce=None`` keeps a trailing ``batch`` axis).
+over prompts (``reduce=None`` keeps a trailing ``batch`` axis). TransformerLens's own contract, a
+metric of each variant's whole batch of logits to one scalar, is ``VariantMetric(fn)``.
 
 How it is fast, and why each step is exact (``runner.py`` has the causal argument):
 - variants run side by side along the batch axis, in passes sized by ``memory_budget`` (bytes,
@@ -44,7 +45,7 @@ from torch import Tensor
 
 from ...hooks import unknown_name_message
 from ...models.hook_shapes import hook_shape
-from .metrics import PositionMetric
+from .metrics import PositionMetric, VariantMetric
 from .readout import Readout
 from .result import PatchResult
 from .runner import base_run, run_staggered
@@ -78,7 +79,9 @@ def activation_patch(model, corrupted_tokens: Union[Int[Tensor, "batch pos"], st
             stacks their sweeps along a leading ``component`` axis (all share one corrupted run).
         axes: ``("layer", ...)`` then the activation's axes to index, in the result's order, from
             ``pos head query_pos key_pos``; axes not named are patched whole.
-        metric: ``fn(logits [batch pos d_vocab]) -> [batch]``; row r is prompt r % n_prompts.
+        metric: ``fn(logits [batch pos d_vocab]) -> [batch]``; row r is prompt r % n_prompts. Or a
+            ``VariantMetric``: ``fn(logits [prompt pos d_vocab]) -> scalar`` per variant, whose values
+            the result holds as they are (no mean; reduce=None is refused).
         reduce: "mean" over prompts, or None for a trailing ``batch`` axis.
         memory_budget: bytes one pass, or one batch of logits, may use (estimated).
         progress: show a tqdm bar over variants.
@@ -110,6 +113,9 @@ class Sweep:
             raise TypeError(f"metric must be callable: fn(logits) -> one value per row, got {type(metric).__name__}")
         if reduce not in ("mean", None):
             raise ValueError(f"reduce must be 'mean' or None, got {reduce!r}")
+        if reduce is None and isinstance(metric, VariantMetric):
+            raise ValueError("reduce=None keeps one value per prompt, but a VariantMetric gives one value per "
+                             "variant (of all prompts together); leave reduce='mean'")
         if not (isinstance(memory_budget, int) and memory_budget > 0):
             raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
         if bands is not None and not (isinstance(bands, int) and bands > 0):

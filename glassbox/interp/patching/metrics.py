@@ -15,6 +15,10 @@ made, an id >= d_vocab when it first meets logits (a sweep checks before its fir
 errors name the argument and the id.
 
 Footgun: with padded prompts the last real token is not at position -1; pass ``pos`` per prompt.
+
+``VariantMetric`` is the other contract (TransformerLens's): ``fn(logits [prompt pos d_vocab]) ->
+scalar``, one value per patched variant (often a mean over prompts), called on that variant's own
+rows. A sweep given one returns those values; it has no per-prompt axis.
 """
 
 from typing import Callable, Optional, Union
@@ -202,6 +206,57 @@ class Normalized(PositionMetric):
         clean = per_row(self.on(self.clean, device, dtype), n, "clean")
         corrupted = per_row(self.on(self.corrupted, device, dtype), n, "corrupted")
         return (value - corrupted) / (clean - corrupted)
+
+
+class VariantMetric:
+    """A metric of one whole patched batch: ``fn(logits [prompt pos d_vocab]) -> scalar``.
+
+    A sweep calls ``fn`` once per variant, on exactly the logits a one-patch-per-forward loop would
+    give it (that variant's ``n_prompts`` rows), so a metric that averages over prompts, or compares
+    prompts with each other, means what it means in the loop. ``fn`` may return a 0-d (or one-element)
+    tensor or a Python number; the sweep's result holds those values, one per variant.
+
+    Costs: the logits are full [prompt pos d_vocab] (no one-position shortcut) and ``fn`` runs once
+    per variant in Python; a ``PositionMetric`` is faster where it can say what it reads.
+    """
+
+    def __init__(self, fn: Callable, name: Optional[str] = None):
+        if not callable(fn):
+            raise TypeError(f"VariantMetric wraps a function logits -> scalar, got {type(fn).__name__}")
+        self.fn = fn
+        self.name = name if name is not None else getattr(fn, "__name__", "metric")
+
+    def values(self, logits: Float[Tensor, "batch pos d_vocab"], n_prompts: int) -> Float[Tensor, "variant"]:
+        """``fn`` of each variant's rows of variant-major logits (row v * n_prompts + b): [variant]."""
+        if logits.ndim != 3 or logits.shape[0] % n_prompts:
+            raise ValueError(f"{self.name}: logits of shape {tuple(logits.shape)} are not whole variants of "
+                             f"{n_prompts} prompts [batch pos d_vocab]")
+        out = []
+        for v in range(logits.shape[0] // n_prompts):
+            value = self.fn(logits[v * n_prompts: (v + 1) * n_prompts])
+            if isinstance(value, Tensor):
+                if value.numel() != 1:
+                    raise ValueError(f"the metric {self.name} returned shape {tuple(value.shape)}; a "
+                                     "VariantMetric returns one value for the whole batch (e.g. a mean over "
+                                     "prompts)")
+                value = value.reshape(()).to(logits.device)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = torch.tensor(float(value), dtype=torch.float64, device=logits.device)
+            else:
+                raise TypeError(f"the metric {self.name} returned {type(value).__name__}; return a scalar "
+                                "tensor or a number")
+            out.append(value.detach())
+        dtype = torch.float32  # at least float32; wider where the metric returned wider values
+        for value in out:
+            dtype = torch.promote_types(dtype, value.dtype)
+        return torch.stack([v.to(dtype) for v in out])
+
+    def __call__(self, logits: Float[Tensor, "batch pos d_vocab"]):
+        """The metric of one batch: ``fn(logits)`` as given."""
+        return self.fn(logits)
+
+    def __repr__(self) -> str:
+        return f"VariantMetric({self.name})"
 
 
 def _log_probs(logits: Tensor) -> Tensor:

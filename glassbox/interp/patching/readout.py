@@ -5,7 +5,8 @@ from each pass; the kept rows are unembedded together once they would fill the m
 at the end), so the unembedding matrix is read once for many passes. Any other metric is given
 full logits [batch pos d_vocab], a budget's worth of rows at a time; so is a ``PositionMetric`` with
 ``full=True`` (user hooks on the final norm or unembedding must see every position, see
-``user_hooks.py``).
+``user_hooks.py``). A ``VariantMetric`` is given each variant's full logits and gives one value per
+variant, kept as [variant 1].
 
 Values go into one tensor on the model's device, indexed by variant; nothing here waits on it.
 """
@@ -15,7 +16,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .metrics import PositionMetric
+from .metrics import PositionMetric, VariantMetric
 from .runner import BaseRun, full_logits, read_resid, unembed
 
 
@@ -24,6 +25,7 @@ class Readout:
                  full: bool = False):
         self.model, self.base, self.metric, self.read_pos = model, base, metric, read_pos
         self.shortcut = isinstance(metric, PositionMetric) and not full
+        self.per_variant = isinstance(metric, VariantMetric)
         self.n_variants, self.n_prompts = n_variants, base.n_prompts
         self.out = None
         self.pending: list = []
@@ -46,7 +48,10 @@ class Readout:
         for lo in range(0, ids.shape[0], self.variants_per_full):
             hi = min(ids.shape[0], lo + self.variants_per_full)
             logits = full_logits(self.model, self.base, final[lo * P: hi * P], first, hi - lo)
-            self.store(self.metric(logits), ids[lo:hi])
+            if self.per_variant:
+                self.store_variants(self.metric.values(logits, P), ids[lo:hi])
+            else:
+                self.store(self.metric(logits), ids[lo:hi])
 
     def flush(self) -> None:
         if not self.pending:
@@ -70,7 +75,12 @@ class Readout:
                                   device=values.device)
         self.out[ids] = values.view(ids.shape[0], self.n_prompts).to(self.out.dtype)
 
+    def store_variants(self, values: Tensor, ids: Tensor) -> None:
+        if self.out is None:
+            self.out = torch.full((self.n_variants, 1), float("nan"), dtype=values.dtype, device=values.device)
+        self.out[ids] = values[:, None].to(self.out.dtype)
+
     def result(self) -> Tensor:
-        """[variant prompt] metric values (after a final flush), detached."""
+        """[variant prompt] metric values ([variant 1] for a VariantMetric), after a final flush, detached."""
         self.flush()
         return self.out.detach()
