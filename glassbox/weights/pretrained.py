@@ -24,7 +24,7 @@ from .checks import check_against_weights, check_config_fields
 from .export import recover, save_pretrained, to_hf
 from .files import PYTORCH_BIN, read_config, read_state_dict, weight_shapes, weights_file
 from .gpt2 import config_from_hf
-from .processing import STEPS, process
+from .processing import ALL_STEPS, process
 
 __all__ = ["DEFAULT_MODEL", "HUB_MODELS", "from_hf", "from_pretrained", "hub_config", "load_folder", "resolve",
            "save_pretrained", "shipped_models", "to_hf"]
@@ -83,13 +83,14 @@ def resolve(name_or_path: Union[str, Path]) -> Path:
 
 def from_pretrained(name_or_path, device=None, dtype: torch.dtype = torch.float32, tokenizer=None,
                     **kwargs) -> HookedTransformer:
-    """Load a model; weight processing (``fold_ln``, ``center_writing_weights``, ``center_unembed``,
-    ``fold_value_biases``, all False by default) is opt-in and recorded on ``model.processing``."""
+    """Load a model; weight processing (``fold_ln``, ``center_reader_weights``, ``center_writing_weights``,
+    ``center_unembed``, ``fold_value_biases``, ``refactor_factored_attn_matrices``, all False by default)
+    is opt-in and recorded on ``model.processing``."""
     folder = resolve(name_or_path)
-    steps = {step: bool(kwargs.pop(step)) for step in STEPS if step in kwargs}
+    steps = {step: bool(kwargs.pop(step)) for step in ALL_STEPS if step in kwargs}
     if kwargs:
         raise TypeError(f"unexpected options for from_pretrained: {', '.join(kwargs)}; weight processing "
-                        f"options are {', '.join(STEPS)}")
+                        f"options are {', '.join(ALL_STEPS)}")
     model = load_folder(folder, device=device, dtype=dtype, tokenizer=tokenizer)
     return process(model, **steps) if any(steps.values()) else model
 

@@ -11,6 +11,15 @@
   constant per position, so log-probs are unchanged, logits are not.
 - ``fold_value_biases``: b_V moves into b_O (b_O += sum_h b_V[h] @ W_O[h]), exact because each
   attention pattern row sums to 1.
+- ``center_reader_weights`` (after ``fold_ln``, LayerNorm models): every matrix reading a norm's
+  output (W_Q/W_K/W_V, W_in, W_gate, W_U) has its mean over d_model removed. Exact because a folded
+  LayerNorm's output has zero mean over d_model; refused while any norm still has w != 1 or b != 0.
+- ``refactor_factored_attn_matrices``: each head's QK and OV circuits are refactored through their
+  SVDs, W_Q' = U_QK sqrt(S), W_K' = V_QK sqrt(S) (the biases ride along as an extra input row that
+  is always 1, so the bilinear form of (x W_Q + b_Q) and (y W_K + b_K) is kept), W_V' = U_OV S,
+  W_O' = V_OV^T (orthonormal rows), b_O += sum_h b_V[h] @ W_O[h], b_V = 0. Every attention score and
+  head output is unchanged to rounding; refused with rotary positions (scores depend on positions).
+  Singular vectors are unique only up to sign: compare products, not factors.
 
 Each function takes (state_dict, cfg) and returns a new dict (inputs untouched), computing in
 float64 and casting back. A tied unembedding is untied first (the result has ``unembed.W_U_T``):
@@ -28,6 +37,9 @@ from torch import Tensor
 from ..models import Config, HookedTransformer
 
 STEPS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
+# Every step, in the order process applies them (TransformerLens's order; STEPS are the classic four).
+ALL_STEPS = ("fold_ln", "center_reader_weights", "center_writing_weights", "center_unembed", "fold_value_biases",
+             "refactor_factored_attn_matrices")
 
 
 def _untied(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
@@ -48,20 +60,53 @@ def _apply(t: Tensor, fn: Callable, *others: Tensor) -> Tensor:
     return fn(t.double(), *(o.double() for o in others)).to(t.dtype)
 
 
+def _readers(cfg: Config, sd: Mapping[str, Tensor]) -> list:
+    """(norm, [matrices reading its output]) for every pre-norm of the model."""
+    pairs = []
+    for L in range(cfg.n_layers):
+        p = f"blocks.{L}."
+        attn = [p + "attn.W_Q", p + "attn.W_K", p + "attn.W_V"]
+        mlp = [k for k in (p + "mlp.W_in", p + "mlp.W_gate") if k in sd]  # none in an attention-only block
+        if cfg.parallel_attn_mlp:
+            pairs.append((p + "ln1", attn + mlp))
+        else:
+            pairs.append((p + "ln1", attn))
+            if p + "ln2.w" in sd:
+                pairs.append((p + "ln2", mlp))
+    pairs.append(("ln_final", ["unembed.W_U_T"]))
+    return pairs
+
+
 def fold_ln(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
     """Fold every norm's w (and b) into the weights that read it; norms left at w = 1, b = 0."""
     _require_pre_norm(cfg, "fold_ln")
     sd = _untied(state_dict, cfg)
-    for L in range(cfg.n_layers):
-        p = f"blocks.{L}."
-        attn = [p + "attn.W_Q", p + "attn.W_K", p + "attn.W_V"]
-        mlp = [p + "mlp.W_in"] + ([p + "mlp.W_gate"] if cfg.gated_mlp else [])
-        if cfg.parallel_attn_mlp:
-            _fold_norm(sd, p + "ln1", attn + mlp)
-        else:
-            _fold_norm(sd, p + "ln1", attn)
-            _fold_norm(sd, p + "ln2", mlp)
-    _fold_norm(sd, "ln_final", ["unembed.W_U_T"])
+    for norm, readers in _readers(cfg, sd):
+        _fold_norm(sd, norm, readers)
+    return sd
+
+
+def center_reader_weights(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
+    """Remove the d_model mean of every matrix reading a folded LayerNorm (run ``fold_ln`` first).
+
+    A LayerNorm with w = 1 and b = 0 outputs a vector with zero mean over d_model, so the part of a
+    reader constant along d_model multiplies zero. With any other w or b it does not, so a norm not
+    yet folded is refused by name (as are RMSNorm, which does not centre, and post-norm models).
+    """
+    _require_pre_norm(cfg, "center_reader_weights")
+    if cfg.normalization != "LN":
+        raise ValueError(f"center_reader_weights relies on LayerNorm removing the mean; "
+                         f"normalization={cfg.normalization!r} does not")
+    sd = _untied(state_dict, cfg)
+    for norm, readers in _readers(cfg, sd):
+        w, b = sd[norm + ".w"], sd.get(norm + ".b")
+        if not bool((w == 1).all()) or (b is not None and bool((b != 0).any())):
+            raise ValueError(f"center_reader_weights needs folded norms (w = 1, b = 0), but {norm} has other "
+                             "values: apply fold_ln first")
+        for key in readers:
+            # The d_model axis: W_Q [head d_model d_head], W_in [d_model d_mlp], W_U_T [d_vocab d_model].
+            axis = -1 if key.endswith("W_U_T") else (1 if sd[key].ndim == 3 else 0)
+            sd[key] = _apply(sd[key], lambda t: t - t.mean(axis, keepdim=True))
     return sd
 
 
@@ -136,8 +181,59 @@ def fold_value_biases(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
     return sd
 
 
-FUNCTIONS = {"fold_ln": fold_ln, "center_writing_weights": center_writing_weights,
-             "center_unembed": center_unembed, "fold_value_biases": fold_value_biases}
+def _svd_of_product(A: Tensor, B: Tensor) -> tuple:
+    """(U, S, V) of A @ B with A [head m k] and B [head k n], from the SVDs of the factors (A @ B is
+    never formed): U [head m r], S [head r], V [head n r], r = min(m, k, n)."""
+    U_A, S_A, Vh_A = torch.linalg.svd(A, full_matrices=False)
+    U_B, S_B, Vh_B = torch.linalg.svd(B, full_matrices=False)
+    U_m, S, Vh_m = torch.linalg.svd(S_A[..., :, None] * (Vh_A @ U_B) * S_B[..., None, :], full_matrices=False)
+    return U_A @ U_m, S, (Vh_m @ Vh_B).transpose(-2, -1)
+
+
+def _refactor_qk(W_Q: Tensor, W_K: Tensor, b_Q, b_K) -> tuple:
+    """Even factors of each head's bilinear form; biases as an extra input row (an input of 1)."""
+    if b_Q is not None:
+        W_Q, W_K = torch.cat([W_Q, b_Q[:, None, :]], dim=1), torch.cat([W_K, b_K[:, None, :]], dim=1)
+    U, S, V = _svd_of_product(W_Q, W_K.transpose(-2, -1))
+    root = S.sqrt()[:, None, :]
+    W_Q, W_K = U * root, V * root  # W_Q' W_K'^T = U S V^T
+    if b_Q is None:
+        return W_Q, W_K, None, None
+    return W_Q[:, :-1], W_K[:, :-1], W_Q[:, -1], W_K[:, -1]
+
+
+def refactor_factored_attn_matrices(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
+    """Refactor each head's W_Q, W_K (with b_Q, b_K) and W_V, W_O through the SVDs of their products.
+
+    Keeps every attention score and head output (to rounding); see the module docstring for the
+    factors chosen. b_V is folded into b_O first, as ``fold_value_biases`` does. Refused with rotary
+    positions, where the score is not a fixed bilinear form of the residual streams.
+    """
+    if cfg.positional == "rotary":
+        raise ValueError("refactor_factored_attn_matrices is not exact with positional='rotary': the query-key "
+                         "score then depends on the positions of query and key, not on W_Q W_K^T alone")
+    sd = fold_value_biases(state_dict, cfg)
+    for L in range(cfg.n_layers):
+        a = f"blocks.{L}.attn."
+        W_Q, W_K, W_V, W_O = (sd[a + k] for k in ("W_Q", "W_K", "W_V", "W_O"))
+        b_Q, b_K = sd.get(a + "b_Q"), sd.get(a + "b_K")
+        if (b_Q is None) != (b_K is None):
+            raise ValueError(f"{a}b_Q and {a}b_K must both be present or both absent")
+        dtype = W_Q.dtype
+        as64 = lambda t: None if t is None else t.double()  # noqa: E731
+        q, k, bq, bk = _refactor_qk(as64(W_Q), as64(W_K), as64(b_Q), as64(b_K))
+        U, S, V = _svd_of_product(W_V.double(), W_O.double())
+        sd[a + "W_Q"], sd[a + "W_K"] = q.to(dtype), k.to(dtype)
+        if bq is not None:
+            sd[a + "b_Q"], sd[a + "b_K"] = bq.to(dtype), bk.to(dtype)
+        sd[a + "W_V"], sd[a + "W_O"] = (U * S[:, None, :]).to(dtype), V.transpose(-2, -1).to(dtype)
+    return sd
+
+
+FUNCTIONS = {"fold_ln": fold_ln, "center_reader_weights": center_reader_weights,
+             "center_writing_weights": center_writing_weights, "center_unembed": center_unembed,
+             "fold_value_biases": fold_value_biases,
+             "refactor_factored_attn_matrices": refactor_factored_attn_matrices}
 
 
 def config_for(state_dict: Mapping[str, Tensor], cfg: Config) -> Config:
@@ -145,21 +241,32 @@ def config_for(state_dict: Mapping[str, Tensor], cfg: Config) -> Config:
     return cfg.replace(tied_unembed="unembed.W_U_T" not in state_dict, unembed_bias="unembed.b_U" in state_dict)
 
 
+def process_state_dict(state_dict: Mapping[str, Tensor], cfg: Config, steps) -> tuple:
+    """(state dict, Config) after ``steps`` (names from ALL_STEPS), applied in the order of ALL_STEPS."""
+    unknown = [s for s in steps if s not in FUNCTIONS]
+    if unknown:
+        raise ValueError(f"unknown processing step(s) {unknown}; the steps are {', '.join(ALL_STEPS)}")
+    sd = dict(state_dict)
+    for step in ALL_STEPS:
+        if step in steps:
+            sd = FUNCTIONS[step](sd, cfg)
+    return sd, config_for(sd, cfg)
+
+
 def process(model: HookedTransformer, fold_ln: bool = False, center_writing_weights: bool = False,
-            center_unembed: bool = False, fold_value_biases: bool = False) -> HookedTransformer:
-    """A new model with the chosen steps applied (in the order of STEPS), recorded on ``.processing``.
+            center_unembed: bool = False, fold_value_biases: bool = False, center_reader_weights: bool = False,
+            refactor_factored_attn_matrices: bool = False) -> HookedTransformer:
+    """A new model with the chosen steps applied (in the order of ALL_STEPS), recorded on ``.processing``.
 
     Steps already in ``model.processing`` are skipped; the model passed in is not changed.
     """
-    chosen = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
-                  fold_value_biases=fold_value_biases)
-    todo = [step for step in STEPS if chosen[step] and step not in model.processing]
-    sd, cfg = {k: v.detach() for k, v in model.state_dict().items()}, model.cfg
-    for step in todo:
-        sd = FUNCTIONS[step](sd, cfg)
-    cfg = config_for(sd, cfg)
+    chosen = dict(fold_ln=fold_ln, center_reader_weights=center_reader_weights,
+                  center_writing_weights=center_writing_weights, center_unembed=center_unembed,
+                  fold_value_biases=fold_value_biases, refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+    todo = [step for step in ALL_STEPS if chosen[step] and step not in model.processing]
+    sd, cfg = process_state_dict({k: v.detach() for k, v in model.state_dict().items()}, model.cfg, todo)
     first = next(model.parameters())
     out = HookedTransformer(cfg, tokenizer=model._tokenizer, init=False, device=first.device, dtype=first.dtype)
     out.load_state_dict(sd, strict=True)
-    out.processing = tuple(step for step in STEPS if step in model.processing or step in todo)
+    out.processing = tuple(step for step in ALL_STEPS if step in model.processing or step in todo)
     return out.train(model.training)
