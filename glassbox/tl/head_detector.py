@@ -1,0 +1,62 @@
+"""TransformerLens's ``head_detector``: ``detect_head`` with its pattern names, scores and defaults.
+
+Maps onto ``glassbox.interp.heads.detect_head_matching`` (the "mul"/"abs" score, per-prompt mean)
+with TransformerLens's rounding of "abs" to 3 decimals. Returns [n_layers n_heads] in the model's
+dtype on the CPU, -1 for heads not asked for, as TransformerLens does. Deliberate differences: a
+prompt of exactly n_ctx tokens is scored (TransformerLens refuses it), a list of prompts with a
+custom pattern tensor is refused with a clear error (TransformerLens mis-indexes the padded batch),
+and bad arguments raise ValueError instead of AssertionError.
+glassbox's own score (mean per query) stays ``glassbox.interp.detect_head``.
+"""
+
+from typing import Dict, List, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from ..interp.heads import detect_head_matching, detection_pattern, match_scores
+
+HEAD_NAMES = ["previous_token_head", "duplicate_token_head", "induction_head"]
+_KINDS = {"previous_token_head": "previous_token", "duplicate_token_head": "duplicate_token",
+          "induction_head": "induction"}
+
+
+def detect_head(model, seq: Union[str, List[str]], detection_pattern: Union[Tensor, str],
+                heads: Optional[Union[List[Tuple[int, int]], Dict[int, List[int]]]] = None, cache=None, *,
+                exclude_bos: bool = False, exclude_current_token: bool = False,
+                error_measure: str = "mul") -> Tensor:
+    """Score every head (or those in ``heads``) against a detection pattern or a named head type."""
+    if isinstance(detection_pattern, str):
+        if detection_pattern not in _KINDS:
+            raise ValueError(f"detection_pattern must be a Tensor or one of head names: {HEAD_NAMES}; "
+                             f"got {detection_pattern!r}")
+        detection_pattern = _KINDS[detection_pattern]
+    scores = detect_head_matching(model, seq, detection_pattern, heads, cache, error_measure=error_measure,
+                                  exclude_bos=exclude_bos, exclude_current_token=exclude_current_token, decimals=3)
+    return scores.to(device="cpu", dtype=next(model.parameters()).dtype)
+
+
+def compute_head_attention_similarity_score(attention_pattern: Tensor, detection_pattern: Tensor, *,
+                                            exclude_bos: bool, exclude_current_token: bool,
+                                            error_measure: str) -> float:
+    """One head's score: its pattern [q_pos k_pos] against a detection pattern of the same shape."""
+    return match_scores(attention_pattern[None, None], detection_pattern, error_measure, exclude_bos,
+                        exclude_current_token, decimals=3).item()
+
+
+def _named_pattern(kind: str):
+    def get_pattern(tokens: Tensor) -> Tensor:
+        return detection_pattern(kind, tokens.reshape(1, -1))[0]
+
+    get_pattern.__doc__ = f"The [pos pos] detection pattern of a {kind.replace('_', ' ')} head for tokens [1 pos]."
+    return get_pattern
+
+
+get_previous_token_head_detection_pattern = _named_pattern("previous_token")
+get_duplicate_token_head_detection_pattern = _named_pattern("duplicate_token")
+get_induction_head_detection_pattern = _named_pattern("induction")
+
+
+def get_supported_heads() -> None:
+    """Print the supported head names."""
+    print(f"Supported heads: {HEAD_NAMES}")
