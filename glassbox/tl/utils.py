@@ -1,0 +1,178 @@
+"""TransformerLens's ``utils`` (3.x), mapped onto glassbox's own functions.
+
+Each name keeps TransformerLens's signature and defaults; the work happens in ``glassbox.interp``
+(``axis_slice``, ``tensor_utils``, ``act_names``, ``token_masks``, ``lm_metrics``, ``prompts``,
+``composition``), ``glassbox.models`` (``lm_loss``, ``gelu_new``) and ``glassbox.train``
+(``datasets``, ``param_init``).
+
+Deliberate differences: ``get_act_name`` refuses what names no hook (``("q", 0, "mlp")``,
+``("scale", 2)`` without its norm, ``"resid_pre5"``) instead of building it; ``test_prompt`` prints
+without rich's bold markup; ``tokenize_and_concatenate`` also takes a plain list of strings (packed as
+the same list in a ``datasets.Dataset`` would be) and never adds a pad token to the tokenizer;
+``lm_cross_entropy_loss`` computes in at least float32 and refuses a mask that leaves no target
+(TransformerLens returns nan); ``download_file_from_hf`` reads the local Hugging Face cache only.
+"""
+
+import json
+import os
+import re
+from typing import Optional
+
+import torch
+
+from ..interp.act_names import act_name
+from ..interp.axis_slice import Slice, SliceInput
+from ..interp.lm_metrics import next_token_accuracy
+from ..interp.prompts import format_prompt_report, prompt_report
+from ..interp.tensor_utils import get_corner, is_lower_triangular, is_square, remove_batch_dim, to_numpy, transpose
+from ..interp.token_masks import pad_attention_mask, remove_bos
+from ..models.mlp import gelu_new
+from ..models.transformer import lm_loss
+from ..train import param_init
+from ..train.datasets import keep_column, pack_hf_dataset, pack_texts
+
+USE_DEFAULT_VALUE = None
+
+__all__ = [
+    "Slice", "SliceInput", "USE_DEFAULT_VALUE", "calc_fan_in_and_fan_out", "composition_scores",
+    "download_file_from_hf", "gelu_new", "get_act_name", "get_attention_mask", "get_corner", "get_device",
+    "get_tokens_with_bos_removed", "init_kaiming_normal_", "init_kaiming_uniform_", "init_xavier_normal_",
+    "init_xavier_uniform_", "is_lower_triangular", "is_square", "keep_single_column", "lm_accuracy",
+    "lm_cross_entropy_loss", "override_or_use_default_value", "remove_batch_dim", "test_prompt", "to_numpy",
+    "tokenize_and_concatenate", "transpose",
+]
+
+# Hooks TransformerLens names that glassbox's act_name table does not list: kind -> module in the block.
+_EXTRA_BLOCK_KINDS = {"mid": "mlp", "attn_in": "", "q_input": "", "k_input": "", "v_input": "", "mlp_in": ""}
+_EXTRA_ALIASES = {"mlp_mid": "mid"}
+
+
+def get_act_name(name: str, layer=None, layer_type: Optional[str] = None) -> str:
+    """A hook name from TransformerLens's shorthand: ``("k", 6, "a")``, ``"k6"``, ``"scale4ln1"``, a full name."""
+    if not isinstance(name, str):
+        raise KeyError(f"activation name must be a string, got {name!r}")
+    if ("." in name or name.startswith("hook_")) and layer is None and layer_type is None:
+        return name
+    compact = re.match(r"([a-z]+)(\d+)([a-z]?.*)", name)
+    if compact is not None:  # "k6" -> ("k", 6), "scale4ln1" -> ("scale", 4, "ln1")
+        name, layer, layer_type = compact.groups()
+    if isinstance(layer, str) and layer.isdigit():
+        layer = int(layer)
+    layer_type = layer_type or None
+    kind = _EXTRA_ALIASES.get(name, name)
+    if kind in _EXTRA_BLOCK_KINDS:
+        if layer is None:
+            raise KeyError(f"{kind!r} is per layer: give a layer, e.g. ({kind!r}, 0)")
+        module = _EXTRA_BLOCK_KINDS[kind]
+        return f"blocks.{layer}.{module + '.' if module else ''}hook_{kind}"
+    return act_name(kind, layer, layer_type)
+
+
+def get_attention_mask(tokenizer, tokens: torch.Tensor, prepend_bos: bool, padding_side: Optional[str] = None):
+    return pad_attention_mask(tokenizer, tokens, prepend_bos, padding_side)
+
+
+def get_tokens_with_bos_removed(tokenizer, tokens: torch.Tensor, padding_side: Optional[str] = None):
+    return remove_bos(tokenizer, tokens, padding_side)
+
+
+def override_or_use_default_value(default_flag, override=None):
+    return override if override is not None else default_flag
+
+
+def test_prompt(prompt: str, answer, model, prepend_space_to_answer: bool = True, print_details: bool = True,
+                prepend_bos: Optional[bool] = USE_DEFAULT_VALUE, top_k: int = 10) -> None:
+    """Print how the model ranks the answer (``glassbox.interp.prompts.prompt_report`` has the numbers)."""
+    report = prompt_report(model, prompt, answer, prepend_space_to_answer, prepend_bos, top_k)
+    print(format_prompt_report(report, print_details))
+
+
+test_prompt.__test__ = False  # pytest would collect it by its name
+
+
+def lm_cross_entropy_loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                          per_token: bool = False) -> torch.Tensor:
+    if attention_mask is not None:
+        if tuple(attention_mask.shape) != tuple(tokens.shape):
+            raise ValueError(f"attention_mask must have the same shape as tokens, got "
+                             f"{tuple(attention_mask.shape)} and {tuple(tokens.shape)}")
+        attention_mask = attention_mask.bool()
+    return lm_loss(logits, tokens, attention_mask, per_token)
+
+
+def lm_accuracy(logits: torch.Tensor, tokens: torch.Tensor, per_token: bool = False) -> torch.Tensor:
+    return next_token_accuracy(logits, tokens, per_token)
+
+
+def tokenize_and_concatenate(dataset, tokenizer, streaming: bool = False, max_length: int = 1024,
+                             column_name: str = "text", add_bos_token: bool = True, num_proc: Optional[int] = 10,
+                             set_format: bool = True):
+    """Rows ``{"tokens": [max_length]}``: a ``datasets`` Dataset in, one out; a list of strings in, a
+    ``TokenRows`` out (``rows["tokens"]`` is [rows max_length]). See ``glassbox.train.datasets``."""
+    if isinstance(dataset, (list, tuple)):
+        return pack_texts(dataset, tokenizer, max_length, add_bos_token, None if streaming else num_proc)
+    return pack_hf_dataset(dataset, tokenizer, max_length, column_name, add_bos_token, num_proc, streaming,
+                           set_format)
+
+
+def keep_single_column(dataset, col_name: str):
+    return keep_column(dataset, col_name)
+
+
+def get_device() -> str:
+    """"cuda" when available; "mps" only with TRANSFORMERLENS_ALLOW_MPS=1 (as TransformerLens); else "cpu"."""
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available() and os.environ.get("TRANSFORMERLENS_ALLOW_MPS", "") == "1":
+        return "mps"
+    return "cpu"
+
+
+def calc_fan_in_and_fan_out(tensor: torch.Tensor) -> tuple:
+    return param_init.fans(tensor)
+
+
+def init_xavier_uniform_(param: torch.Tensor, gain: float = 1.0) -> torch.Tensor:
+    return param_init.xavier_uniform_(param, gain)
+
+
+def init_xavier_normal_(param: torch.Tensor, gain: float = 1.0) -> torch.Tensor:
+    return param_init.xavier_normal_(param, gain)
+
+
+def init_kaiming_uniform_(param: torch.Tensor, a: float = 0, nonlinearity: str = "relu", gain: float = 1.0,
+                          mode: str = "fan_in") -> torch.Tensor:
+    return param_init.kaiming_uniform_(param, a, nonlinearity, gain, mode)
+
+
+def init_kaiming_normal_(param: torch.Tensor, a: float = 0, nonlinearity: str = "relu", gain: float = 1.0,
+                         mode: str = "fan_in") -> torch.Tensor:
+    return param_init.kaiming_normal_(param, a, nonlinearity, gain, mode)
+
+
+def composition_scores(left, right, broadcast_dims: bool = True) -> torch.Tensor:
+    from ..interp.composition import composition_scores as scores
+
+    return scores(left, right, broadcast_dims)
+
+
+def download_file_from_hf(repo_name: str, file_name: str, subfolder: str = ".", cache_dir=None,
+                          force_is_torch: bool = False, **kwargs):
+    """A file from the local Hugging Face hub cache (never downloaded): a .pth (or ``force_is_torch``)
+    file loaded with torch, a .json file parsed, anything else its path."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = hf_hub_download(repo_id=repo_name, filename=file_name, subfolder=subfolder, cache_dir=cache_dir,
+                               local_files_only=True)
+    except Exception as error:
+        raise FileNotFoundError(f"{subfolder}/{file_name} of {repo_name!r} is not in the local Hugging Face cache "
+                                f"and glassbox does not download; fetch it with huggingface_hub.hf_hub_download "
+                                f"where there is network ({type(error).__name__})") from None
+    if path.endswith(".pth") or force_is_torch:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    if path.endswith(".json"):
+        with open(path) as f:
+            return json.load(f)
+    return path
