@@ -11,9 +11,10 @@ def logits(model, tokens):
         return model(tokens)
 
 
-# Hooking these points switches to the explicit kernels (materialised pattern, explicit LayerNorm);
-# every other hook point leaves the computation exactly as it was.
-PATH_SWITCHING = ("hook_attn_scores", "hook_pattern", "hook_scale")
+# Hooking these points switches to the explicit kernels (materialised pattern, explicit LayerNorm:
+# hook_normalized is the value before w and b, which the fused kernel never makes); every other hook
+# point leaves the computation exactly as it was.
+PATH_SWITCHING = ("hook_attn_scores", "hook_pattern", "hook_scale", "hook_normalized")
 
 
 def test_identity_hook_is_bit_identical(tiny_model, tiny_tokens):

@@ -67,9 +67,12 @@ def test_layer_norm_hooks_by_hand(tiny_model, tiny_tokens):
     scale = ((x - x.mean(-1, keepdim=True)) ** 2).mean(-1, keepdim=True).add(ln.eps).sqrt()
     # measured 2.5e-8 (values up to 0.48), bound 1e-6: 40x
     torch.testing.assert_close(acts["blocks.1.ln2.hook_scale"].double(), scale, atol=1e-6, rtol=0)
-    expected = (x - x.mean(-1, keepdim=True)) / scale * ln.w.double() + ln.b.double()
+    normalized = (x - x.mean(-1, keepdim=True)) / scale  # before w and b, as in TransformerLens 3.x
+    # measured 2.8e-7 (values up to 2.2), bound 5e-6: 18x
+    torch.testing.assert_close(acts["blocks.1.ln2.hook_normalized"].double(), normalized, atol=5e-6, rtol=0)
+    expected = normalized * ln.w.double() + ln.b.double()
     # measured 5.4e-7 (values up to 2.8), bound 1e-5: 18x
-    torch.testing.assert_close(acts["blocks.1.ln2.hook_normalized"].double(), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(acts["blocks.1.ln2.hook_out"].double(), expected, atol=1e-5, rtol=0)
 
 
 def test_loss_is_mean_next_token_cross_entropy(tiny_model, tiny_tokens):

@@ -2,7 +2,9 @@
 
 Contract:
 - ``names_filter`` is None (every hook), a hook name, a list of hook names, or a callable on names.
-  An unknown name raises ``KeyError`` with the closest valid names.
+  An unknown name raises ``KeyError`` with the closest valid names; a flag-gated name (``hook_result``,
+  ``hook_q_input``...) whose hook flag is off raises ``KeyError`` naming the flag and its setter. Only
+  the hooks in ``model.hook_dict`` (those that fire under the model's flags) are cached or counted.
 - Each activation is detached, moved to ``device`` and cast to ``dtype`` (floating tensors only) as it
   is cached, so a GPU run can cache to CPU in float16 without holding a full GPU copy. When other
   hooks are attached it is also copied, so no later hook that edits a tensor in place can change
@@ -10,8 +12,10 @@ Contract:
   halves the allocations of a full cache. With ``stop_at_layer`` the returned residual stream is then
   the same tensor as the last cached one.
 - With ``return_type=None`` nothing after the last requested activation is needed, so the forward
-  stops as soon as that activation is cached; a requested ``ln_final.*`` hook is still run (the
-  output stays None). With ``stop_at_layer`` the forward runs only the
+  stops as soon as that activation is cached; a requested ``ln_final.*`` or ``unembed.*`` hook is still
+  run (the output stays None). Under ``use_split_qkv_input`` ln1 runs three times per block (q, k, v
+  inputs) and the cache keeps the last (v's), as TransformerLens does; a forward caching ln1 then runs
+  to the end instead of stopping at ln1's first call. With ``stop_at_layer`` the forward runs only the
   blocks before it (the output is the residual stream there); an explicitly named activation beyond
   that point is an error rather than a silently missing key.
 - ``incl_bwd=True`` runs a backward pass on the loss and caches gradients as ``<name>_grad``.
@@ -100,7 +104,7 @@ def cache_size(model, input_shape, names_filter: NamesFilter = None, dtype: Opti
     total = 0
     for name in resolve_names(model, names_filter):
         try:
-            shape = hook_shape(name)
+            shape = hook_shape(name, getattr(model, "hook_flags", None), model.cfg)
         except KeyError:
             raise KeyError(f"hook {name!r} has no entry in HOOK_SHAPES, so its size is unknown") from None
         total += math.prod(_axis_size(axis, sizes, model.cfg, name) for axis in shape.split())
@@ -157,10 +161,13 @@ def run_with_cache(model, input: Union[str, list, Int[Tensor, "batch pos"]], nam
     pending = set(names)
     # With stop_at_layer the output is the residual stream there, so the forward must reach it.
     stop_early = return_type is None and stop_at_layer is None and not incl_bwd
+    flags = getattr(model, "hook_flags", None)
+    if flags is not None and flags.use_split_qkv_input and any(".ln1." in n for n in names):
+        stop_early = False  # ln1's first call (q's input) is not the one a cache keeps (v's)
     # return_type=None returns before the final norm, so a requested ln_final hook needs the forward
     # to go on into it (stopping there, once everything is cached: the unembedding never runs).
     forward_type = return_type
-    if return_type is None and stop_at_layer is None and any(n.startswith("ln_final.") for n in names):
+    if return_type is None and stop_at_layer is None and any(n.startswith(("ln_final.", "unembed.")) for n in names):
         forward_type = "logits"
 
     # The forward never edits an activation in place, so only another hook could change a stored
@@ -258,7 +265,7 @@ def _check_reachable(names: list, stop_at_layer: int, n_layers: int) -> None:
     end = stop_at_layer if stop_at_layer >= 0 else n_layers + stop_at_layer
     for name in names:
         parts = name.split(".")
-        beyond = name.startswith("ln_final") or (parts[0] == "blocks" and int(parts[1]) >= end)
+        beyond = name.startswith(("ln_final", "unembed")) or (parts[0] == "blocks" and int(parts[1]) >= end)
         if beyond:
             raise ValueError(f"{name!r} is not computed with stop_at_layer={stop_at_layer}: the forward runs "
                              f"only blocks 0..{end - 1}")

@@ -5,6 +5,15 @@ W_V are stored with [d_model head d_head] memory, so ``W_Q`` is the per-head vie
 while the forward pass reads the same memory as one [d_model, head*d_head] matrix: no copy, no
 re-layout, on any forward.
 
+Per-head inputs: ``x`` may be [batch pos head d_model] (one input per head, as the block passes under
+the hook flags ``use_attn_in`` and ``use_split_qkv_input``; ``k_input``/``v_input`` then give the keys'
+and values' own inputs). Each head's q, k and v are then computed from its own input, one batched
+product per head; with equal inputs they agree with the fused projection to float rounding.
+
+With the flag ``use_attn_result``, ``hook_result`` [batch pos head d_model] holds each head's
+z[h] @ W_O[h], and the output is their sum over heads plus b_O (again equal to the fused W_O product
+to float rounding); without it no per-head tensor is made.
+
 When nothing is attached to ``hook_attn_scores`` or ``hook_pattern`` the pattern is never
 materialised and the fused ``scaled_dot_product_attention`` kernel runs instead; its numbers agree
 with the explicit path to float rounding (tested).
@@ -14,7 +23,7 @@ broadcastable to [batch head query_pos key_pos], True where a query may attend.
 """
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +32,9 @@ from torch import Tensor, nn
 
 from ..hooks import HookPoint
 from .config import Config
+from .hook_flags import HookFlags
 from .kv_cache import LayerKV
-from .ops import linear
+from .ops import linear, per_head_linear
 
 
 def per_head_weight(cfg: Config) -> nn.Parameter:
@@ -33,9 +43,10 @@ def per_head_weight(cfg: Config) -> nn.Parameter:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, flags: Optional[HookFlags] = None):
         super().__init__()
         self.cfg = cfg
+        self.flags = flags if flags is not None else HookFlags()
         self.W_Q, self.W_K, self.W_V = per_head_weight(cfg), per_head_weight(cfg), per_head_weight(cfg)
         self.W_O = nn.Parameter(torch.empty(cfg.n_heads, cfg.d_head, cfg.d_model))
         if cfg.use_bias:
@@ -50,30 +61,44 @@ class Attention(nn.Module):
         self.hook_attn_scores = HookPoint()  # scaled and causally masked with -inf, before softmax
         self.hook_pattern = HookPoint()  # after softmax
         self.hook_z = HookPoint()  # pattern-weighted values, before W_O
+        self.hook_result = HookPoint()  # each head's z @ W_O[h]; fires only with flags.use_attn_result
 
     def project(self, x: Tensor, W: Tensor, b: Optional[Tensor]) -> Tensor:
-        """x [batch pos d_model] through one per-head weight -> [batch pos head d_head]."""
+        """x [batch pos d_model] (or one input per head, [batch pos head d_model]) through one per-head
+        weight -> [batch pos head d_head]."""
+        if x.ndim == 4:
+            return per_head_linear(x, W, b)
         flat_W = W.permute(1, 0, 2).reshape(self.cfg.d_model, -1)  # a view for our stored layout
         flat_b = b.reshape(-1) if b is not None else None
         return linear(x, flat_W, flat_b).view(*x.shape[:-1], self.cfg.n_heads, self.cfg.d_head)
 
     def forward(
         self,
-        x: Float[Tensor, "batch pos d_model"],
+        x: Union[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos head d_model"]],
         positions: Optional[Int[Tensor, "batch pos"]] = None,
         attn_mask: Optional[Tensor] = None,
         kv: Optional[LayerKV] = None,
+        k_input: Optional[Float[Tensor, "batch pos head d_model"]] = None,
+        v_input: Optional[Float[Tensor, "batch pos head d_model"]] = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         q = self.hook_q(self.project(x, self.W_Q, self.b_Q))
-        k = self.hook_k(self.project(x, self.W_K, self.b_K))
-        v = self.hook_v(self.project(x, self.W_V, self.b_V))
+        k = self.hook_k(self.project(x if k_input is None else k_input, self.W_K, self.b_K))
+        v = self.hook_v(self.project(x if v_input is None else v_input, self.W_V, self.b_V))
         q, k = self.rotate(q, k, positions, kv.length if kv is not None else 0)
         if kv is not None:
             k, v = kv.append(k, v)
         z = self.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask)
         z = self.hook_z(z.transpose(1, 2))  # [batch pos head d_head]
+        if self.flags.use_attn_result:
+            return self.per_head_output(z)
         flat_W_O = self.W_O.reshape(-1, self.cfg.d_model)
         return linear(z.reshape(*z.shape[:2], -1), flat_W_O, self.b_O)
+
+    def per_head_output(self, z: Float[Tensor, "batch pos head d_head"]) -> Float[Tensor, "batch pos d_model"]:
+        """Each head's write into the residual stream through ``hook_result``; their sum plus b_O."""
+        result = self.hook_result(torch.einsum("bphe,hed->bphd", z, self.W_O))
+        out = result.sum(-2)
+        return out + self.b_O if self.b_O is not None else out
 
     def rotate(self, q: Tensor, k: Tensor, positions: Optional[Tensor], past: int = 0) -> tuple:
         """Position-dependent rotation of q and k; none for absolute positional embeddings."""

@@ -4,9 +4,16 @@ Post-norm (the original Transformer's): resid_mid = ln1(resid_pre + attn_out),
 resid_post = ln2(resid_mid + mlp_out); there is no final norm before the unembedding. Here
 ``hook_resid_mid`` and ``hook_resid_post`` are norm outputs, so resid_mid != resid_pre + attn_out:
 decompositions of the residual stream into component outputs do not hold for post-norm models.
+Under the input flags the attention reads the per-head copies of resid_pre directly (no norm comes
+before it), and ``hook_mlp_in`` is a copy of resid_mid, the MLP's input.
 
 Parallel (GPT-J's): attention and MLP both read ln1(resid_pre) and
-resid_post = resid_pre + attn_out + mlp_out; there is no ln2 and no ``hook_resid_mid``.
+resid_post = resid_pre + attn_out + mlp_out; there is no ln2 and no ``hook_resid_mid``. Of the hook
+flags only use_attn_result applies (``hook_flags.check_flags`` refuses the others by name).
+
+Attention-only (TransformerLens's attn_only): resid_post = resid_pre + attn(ln1(resid_pre)); no ln2,
+no MLP, no ``hook_resid_mid``, ``hook_mlp_in`` or ``hook_mlp_out``, as in TransformerLens 3.9, where
+only these hook points fire in such a block.
 """
 
 from typing import Optional
@@ -16,9 +23,14 @@ from torch import Tensor, nn
 
 from ..hooks import HookPoint
 from . import components
-from .block import TransformerBlock
+from .block import AttentionInputs, TransformerBlock
 from .config import Config
+from .hook_flags import HookFlags
 from .kv_cache import LayerKV
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
 
 
 class PostNormBlock(TransformerBlock):
@@ -32,18 +44,18 @@ class PostNormBlock(TransformerBlock):
         kv: Optional[LayerKV] = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         resid = self.hook_resid_pre(resid)
-        attn_out = self.hook_attn_out(self.attn(resid, positions, attn_mask, kv))
+        attn_out = self.hook_attn_out(self.attend(resid, _identity, positions, attn_mask, kv))
         resid = self.hook_resid_mid(self.ln1(resid + attn_out))
-        mlp_out = self.hook_mlp_out(self.mlp(resid))
+        mlp_out = self.hook_mlp_out(self.mlp(self.mlp_input(resid)))
         return self.hook_resid_post(self.ln2(resid + mlp_out))
 
 
 class ParallelBlock(nn.Module):
-    def __init__(self, cfg: Config, layer: int):
+    def __init__(self, cfg: Config, layer: int, flags: Optional[HookFlags] = None):
         super().__init__()
         self.layer = layer
         self.ln1 = components.norm(cfg)
-        self.attn = components.attention(cfg)
+        self.attn = components.attention(cfg, flags)
         self.mlp = components.mlp(cfg)
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
@@ -64,8 +76,33 @@ class ParallelBlock(nn.Module):
         return self.hook_resid_post(resid + attn_out + mlp_out)
 
 
-def block(cfg: Config, layer: int) -> nn.Module:
-    """The block class the config asks for, built for ``layer``."""
+class AttnOnlyBlock(AttentionInputs):
+    def __init__(self, cfg: Config, layer: int, flags: Optional[HookFlags] = None):
+        super().__init__(cfg, layer, flags)
+        self.ln1 = components.norm(cfg)
+        self.attn = components.attention(cfg, self.flags)
+        self.hook_resid_pre = HookPoint()
+        self.add_attention_input_hooks()
+        self.hook_attn_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(
+        self,
+        resid: Float[Tensor, "batch pos d_model"],
+        positions: Optional[Tensor] = None,
+        attn_mask: Optional[Tensor] = None,
+        kv: Optional[LayerKV] = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        resid = self.hook_resid_pre(resid)
+        attn_out = self.hook_attn_out(self.attend(resid, self.ln1, positions, attn_mask, kv))
+        return self.hook_resid_post(resid + attn_out)
+
+
+def block(cfg: Config, layer: int, flags: Optional[HookFlags] = None) -> nn.Module:
+    """The block class the config asks for, built for ``layer``, reading the model's ``flags``."""
+    if cfg.attn_only:
+        return AttnOnlyBlock(cfg, layer, flags)
     if cfg.parallel_attn_mlp:
-        return ParallelBlock(cfg, layer)
-    return PostNormBlock(cfg, layer) if cfg.norm_placement == "post" else TransformerBlock(cfg, layer)
+        return ParallelBlock(cfg, layer, flags)
+    cls = PostNormBlock if cfg.norm_placement == "post" else TransformerBlock
+    return cls(cfg, layer, flags)

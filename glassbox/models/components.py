@@ -13,6 +13,7 @@ from .attention import Attention
 from .config import Config
 from .embed import PosEmbed
 from .gated_mlp import GatedMLP
+from .hook_flags import HookFlags
 from .layer_norm import LayerNorm
 from .mlp import MLP
 from .positional import SinusoidalPosEmbed
@@ -27,8 +28,9 @@ def norm(cfg: Config) -> nn.Module:
     return NORMS[cfg.normalization](cfg)
 
 
-def attention(cfg: Config) -> Attention:
-    return RotaryAttention(cfg) if cfg.positional == "rotary" else Attention(cfg)
+def attention(cfg: Config, flags: Optional[HookFlags] = None) -> Attention:
+    """The attention class for the positions; ``flags`` is the model's HookFlags (shared, read per forward)."""
+    return RotaryAttention(cfg, flags) if cfg.positional == "rotary" else Attention(cfg, flags)
 
 
 def mlp(cfg: Config) -> nn.Module:

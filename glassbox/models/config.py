@@ -6,6 +6,8 @@ to ``4 * d_model``; errors name the field that is wrong and why.
 
 The options: normalization "LN" | "RMS"; norm_placement "pre" (GPT-2) | "post" (x = norm(x + f(x)),
 no final norm); parallel_attn_mlp (GPT-J: attention and MLP both read ln1 of the same residual);
+attn_only (blocks with attention only, as TransformerLens's attn_only: resid_post = resid_pre + attn_out,
+no ln2, no MLP, no hook_resid_mid; pre-norm only; d_mlp, act_fn and gated_mlp are then unused);
 positional "learned" | "sinusoidal" | "rotary" (rotary_dim leading dims of each head rotated, pairs
 (2i, 2i+1) with rotary_style "interleaved", (i, i + rotary_dim/2) with "half"); gated_mlp (SwiGLU
 with act_fn "silu"); use_bias for every linear map and norm; tied_unembed; init_scheme "gpt2" |
@@ -46,6 +48,7 @@ class Config:
     normalization: str = "LN"
     norm_placement: str = "pre"
     parallel_attn_mlp: bool = False
+    attn_only: bool = False
     positional: str = "learned"
     rotary_dim: Optional[int] = None
     rotary_base: float = 10000.0
@@ -83,6 +86,13 @@ class Config:
         if self.parallel_attn_mlp and self.norm_placement != "pre":
             raise ValueError("Config.parallel_attn_mlp=True needs norm_placement='pre', got "
                              f"{self.norm_placement!r}")
+        if not isinstance(self.attn_only, bool):
+            raise ValueError(f"Config.attn_only must be a bool, got {self.attn_only!r}")
+        if self.attn_only and self.parallel_attn_mlp:
+            raise ValueError("Config.attn_only=True has no MLP to run in parallel: parallel_attn_mlp must be False")
+        if self.attn_only and self.norm_placement != "pre":
+            raise ValueError("Config.attn_only=True needs norm_placement='pre' (a post-norm attention-only "
+                             f"block is not defined here), got {self.norm_placement!r}")
         if not self.rotary_base > 0:
             raise ValueError(f"Config.rotary_base must be > 0, got {self.rotary_base}")
         if not self.layer_norm_eps > 0:

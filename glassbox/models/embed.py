@@ -2,7 +2,9 @@
 
 W_E [d_vocab d_model] and W_pos [n_ctx d_model] are row-indexed; W_U [d_model d_vocab]
 right-multiplies. With ``cfg.tied_unembed`` (GPT-2's choice) W_U is a view of W_E's transpose and
-not a parameter of its own, so the two can never drift apart.
+not a parameter of its own, so the two can never drift apart. The unembedding's ``hook_in``
+[batch pos d_model] is what it reads (the final norm's output) and ``hook_out`` [batch pos d_vocab] the
+logits, as in TransformerLens.
 """
 
 from typing import Optional
@@ -12,6 +14,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from ..hooks import HookPoint
 from .config import Config
 
 
@@ -46,6 +49,8 @@ class Unembed(nn.Module):
             # Stored as [d_vocab d_model] memory (F.linear's weight layout); W_U is its transpose view.
             self.W_U_T = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
         self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab)) if cfg.unembed_bias else None
+        self.hook_in = HookPoint()
+        self.hook_out = HookPoint()
 
     @property
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
@@ -55,4 +60,4 @@ class Unembed(nn.Module):
         return self._tied_to[0].W_E if self._tied_to else self.W_U_T
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-        return F.linear(x, self._weight(), self.b_U)
+        return self.hook_out(F.linear(self.hook_in(x), self._weight(), self.b_U))

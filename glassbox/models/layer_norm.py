@@ -1,9 +1,16 @@
-"""LayerNorm with TransformerLens's hook points.
+"""LayerNorm with TransformerLens 3.x's hook points, plus ``hook_out``.
 
-``hook_scale`` [batch pos 1] is sqrt(var + eps), the divisor; ``hook_normalized`` is the output after
-the weight w and bias b. The output comes from the fused kernel unless a hook on ``hook_scale`` replaced
-or edited the scale; only then is it recomputed from the hooked scale. So caching the scale changes no
-bit of the output and allocates no [batch pos d_model] temporaries (see ``norm_scale.py``).
+For input x [... d_model]: ``hook_scale`` [... 1] is sqrt(var + eps), the divisor;
+``hook_normalized`` [... d_model] is (x - mean) / scale, before the weight w and bias b (as in
+TransformerLens 3.x); ``hook_out`` [... d_model] is the norm's output normalized * w + b, what the next
+component reads. The leading axes are [batch pos], or [batch pos head] for ln1 under
+``use_attn_in`` / ``use_split_qkv_input``.
+
+The output comes from the fused kernel (no [.. d_model] temporaries, the same bits as an unhooked run)
+unless a hook could see or change what the kernel hides: a hook on ``hook_normalized``, or one on
+``hook_scale`` that replaced or edited the scale (``norm_scale.py``). Then the normalised value is
+computed explicitly and w, b applied after its hook; it agrees with the fused kernel to float rounding.
+Footgun: before 3.x semantics, ``hook_normalized`` held the post-affine output; that is ``hook_out`` now.
 """
 
 import torch
@@ -24,12 +31,15 @@ class LayerNorm(nn.Module):
         self.b = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.use_bias else None
         self.hook_scale = HookPoint()
         self.hook_normalized = HookPoint()
+        self.hook_out = HookPoint()
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        if self.hook_scale.has_hooks:
+    def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        explicit = self.hook_normalized.has_hooks
+        if self.hook_scale.has_hooks or explicit:
             scale = (x.var(-1, correction=0, keepdim=True) + self.eps).sqrt()
             hooked = hooked_scale(self.hook_scale, scale)
-            if hooked is not None:
-                out = (x - x.mean(-1, keepdim=True)) / hooked * self.w
-                return self.hook_normalized(out + self.b if self.b is not None else out)
-        return self.hook_normalized(F.layer_norm(x, x.shape[-1:], self.w, self.b, self.eps))
+            if hooked is not None or explicit:
+                normalized = self.hook_normalized((x - x.mean(-1, keepdim=True)) / (scale if hooked is None else hooked))
+                out = normalized * self.w
+                return self.hook_out(out + self.b if self.b is not None else out)
+        return self.hook_out(F.layer_norm(x, x.shape[-1:], self.w, self.b, self.eps))

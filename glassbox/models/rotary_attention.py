@@ -25,8 +25,8 @@ from .positional import ROTATIONS, RotaryTable
 
 
 class RotaryAttention(Attention):
-    def __init__(self, cfg: Config):
-        super().__init__(cfg)
+    def __init__(self, cfg: Config, flags=None):
+        super().__init__(cfg, flags)
         self.rotary = RotaryTable(cfg.n_ctx, cfg.rotary_dim, cfg.rotary_base)
         self.rotation = ROTATIONS[cfg.rotary_style]
         self.hook_rot_q = HookPoint()

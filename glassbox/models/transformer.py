@@ -9,6 +9,13 @@ Footgun: hooks are state on the model. ``run_with_hooks`` and ``with model.hooks
 ``add_hook`` does not. They are the model's, not the thread's: while a ``hooks(...)`` block,
 ``run_with_hooks`` or ``generate`` holds them, a forward from another thread raises RuntimeError
 (``glassbox.hooks.threads``); use one model per thread (``copy.deepcopy``) or serialise the calls.
+
+Hook flags (``hook_flags.py``, TransformerLens's names): ``model.hook_flags`` is a HookFlags shared by
+the blocks and attention layers; ``set_use_attn_result``, ``set_use_split_qkv_input``,
+``set_use_attn_in`` and ``set_use_hook_mlp_in`` (or writing a field) turn their hook points on and
+put them into ``hook_dict``. A gated name asked for while its flag is off raises KeyError naming the
+flag and its setter; a refused combination or turning a flag off under attached hooks raises
+HookFlagError, changing nothing. With every flag off the forward is the unflagged one.
 """
 
 from typing import Optional, Union
@@ -24,6 +31,7 @@ from . import components, inputs
 from .block_variants import block
 from .config import Config
 from .embed import Embed, Unembed
+from .hook_flags import FLAG_NAMES, HookFlagError, HookFlags, check_flags, gating_flag, setter_name
 from .init import init_weights
 from .kv_cache import KVCache
 from .masks import attention_mask_for, positions_for
@@ -35,11 +43,19 @@ RETURN_TYPES = ("logits", "loss", "both", None)
 
 class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
     def __init__(self, cfg: Config, tokenizer=None, init: bool = True,
-                 device: Union[str, torch.device, None] = None, dtype: torch.dtype = torch.float32):
+                 device: Union[str, torch.device, None] = None, dtype: torch.dtype = torch.float32,
+                 hook_flags: Optional[HookFlags] = None):
         super().__init__()
         if not isinstance(cfg, Config):
             raise TypeError(f"HookedTransformer needs a glassbox Config, got {type(cfg).__name__}")
+        if hook_flags is None:
+            hook_flags = HookFlags()
+        elif not isinstance(hook_flags, HookFlags):
+            raise TypeError(f"hook_flags must be a glassbox HookFlags, got {type(hook_flags).__name__}")
+        check_flags(cfg, hook_flags)
         self.cfg = cfg
+        # Shared (the same object) with every block and attention layer, which read it per forward.
+        self.hook_flags = hook_flags
         self._tokenizer = tokenizer
         with torch.device(device if device is not None else "cpu"):
             self.embed = Embed(cfg)
@@ -48,7 +64,7 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
             self.pos_embed = components.positional_embedding(cfg)
             if self.pos_embed is not None:
                 self.hook_pos_embed = HookPoint()
-            self.blocks = nn.ModuleList(block(cfg, layer) for layer in range(cfg.n_layers))
+            self.blocks = nn.ModuleList(block(cfg, layer, hook_flags) for layer in range(cfg.n_layers))
             components.share_rotary_tables(self.blocks)
             self.ln_final = components.final_norm(cfg)
             self.unembed = Unembed(cfg, self.embed)
@@ -58,6 +74,60 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
             init_weights(self, cfg)
         self.to(dtype)
         self.setup()
+        hook_flags._add_owner(self)
+
+    # -- hook flags --------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Name every hook point; ``hook_dict`` then holds those whose flag (if any) is on."""
+        super().setup()
+        self._all_hook_points = dict(self.hook_dict)
+        self._sync_hook_dict()
+
+    def _sync_hook_dict(self) -> None:
+        # In place, in forward-construction order, so references to hook_dict stay current.
+        flags = self.hook_flags
+        self.hook_dict.clear()
+        self.hook_dict.update((name, point) for name, point in self._all_hook_points.items()
+                              if (flag := gating_flag(name)) is None or getattr(flags, flag))
+
+    def _check_flag_change(self, flag: str, value: bool) -> None:
+        """Raise (changing nothing) if ``flag`` may not become ``value`` on this model."""
+        self.hook_guard.check_change(setter_name(flag))
+        if getattr(self.hook_flags, flag) == value:
+            return
+        check_flags(self.cfg, HookFlags(**{**self.hook_flags.as_dict(), flag: value}))
+        if not value:
+            hooked = [name for name, point in self._all_hook_points.items()
+                      if gating_flag(name) == flag and point.has_hooks]
+            if hooked:
+                raise HookFlagError(f"cannot turn {flag} off while hooks are attached to {', '.join(hooked)}; "
+                                    "remove them first (reset_hooks(), or leave the hooks() block)")
+
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """Compute each head's output separately at ``blocks.L.attn.hook_result`` [batch pos head d_model]."""
+        self.hook_flags.use_attn_result = use_attn_result
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        """Give each head its own q, k and v inputs at ``blocks.L.hook_q_input`` / ``hook_k_input`` /
+        ``hook_v_input`` [batch pos head d_model]."""
+        self.hook_flags.use_split_qkv_input = use_split_qkv_input
+
+    def set_use_attn_in(self, use_attn_in: bool) -> None:
+        """Give each head its own input (shared by its q, k, v) at ``blocks.L.hook_attn_in`` [batch pos head d_model]."""
+        self.hook_flags.use_attn_in = use_attn_in
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
+        """Expose the MLP's input (a copy of resid_mid) at ``blocks.L.hook_mlp_in`` [batch pos d_model]."""
+        self.hook_flags.use_hook_mlp_in = use_hook_mlp_in
+
+    def resolve_hook_names(self, name_or_filter):
+        """As HookedRootModule's; a flag-gated name whose flag is off names the flag and its setter."""
+        if isinstance(name_or_filter, str) and name_or_filter not in self.hook_dict \
+                and name_or_filter in self._all_hook_points:
+            flag = gating_flag(name_or_filter)
+            raise KeyError(f"hook {name_or_filter!r} exists only while {flag} is on; turn it on with "
+                           f"model.{setter_name(flag)}(True) (or hook_flags=HookFlags({flag}=True))")
+        return super().resolve_hook_names(name_or_filter)
 
     # -- the computation ---------------------------------------------------------------------
     def forward(
@@ -223,6 +293,8 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
         return self.unembed.W_U
 
     def _stacked(self, module: str, name: str) -> Tensor:
+        if module == "mlp" and self.cfg.attn_only:
+            raise AttributeError(f"an attention-only model (Config.attn_only=True) has no MLP, so no {name}")
         return torch.stack([getattr(getattr(block, module), name) for block in self.blocks])
 
     W_Q = property(lambda self: self._stacked("attn", "W_Q"), doc="[layer head d_model d_head] (a copy)")

@@ -1,9 +1,10 @@
 """Stage-by-stage comparison of a glassbox model with its ``transformers`` twin.
 
 Rows: each layer's residual stream entering the block (HF ``hidden_states[L]``), each layer's
-attention pattern (HF ``attentions[L]``), the final LayerNorm output and the logits. For each row:
-the largest absolute difference and the largest reference magnitude, so a reader can judge relative
-error on models whose activations are large.
+attention pattern (HF ``attentions[L]``), the final norm's output after its weight and bias
+(``ln_final.hook_out``, HF's last hidden state) and the logits. For each row: the largest absolute
+difference and the largest reference magnitude, so a reader can judge relative error on models whose
+activations are large.
 """
 
 from dataclasses import dataclass
@@ -35,13 +36,13 @@ def parity_report(model: HookedTransformer, tokens: Tensor, hf_model=None) -> li
     ref = hf_model(tokens, output_hidden_states=True, output_attentions=True)
     acts = {}
     wanted = {f"blocks.{L}.hook_resid_pre" for L in range(model.cfg.n_layers)}
-    wanted |= {f"blocks.{L}.attn.hook_pattern" for L in range(model.cfg.n_layers)} | {"ln_final.hook_normalized"}
+    wanted |= {f"blocks.{L}.attn.hook_pattern" for L in range(model.cfg.n_layers)} | {"ln_final.hook_out"}
     logits = model.run_with_hooks(tokens, fwd_hooks=[(lambda n: n in wanted, lambda x, hook: acts.__setitem__(hook.name, x))])
     rows = []
     for L in range(model.cfg.n_layers):
         rows.append(_row(f"blocks.{L}.hook_resid_pre", acts[f"blocks.{L}.hook_resid_pre"], ref.hidden_states[L]))
         rows.append(_row(f"blocks.{L}.attn.hook_pattern", acts[f"blocks.{L}.attn.hook_pattern"], ref.attentions[L]))
-    rows.append(_row("ln_final.hook_normalized", acts["ln_final.hook_normalized"], ref.hidden_states[-1]))
+    rows.append(_row("ln_final.hook_out", acts["ln_final.hook_out"], ref.hidden_states[-1]))
     rows.append(_row("logits", logits, ref.logits))
     return rows
 
