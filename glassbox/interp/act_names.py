@@ -2,7 +2,8 @@
 
 ``act_name("pattern", 3)`` -> ``"blocks.3.attn.hook_pattern"``; ``act_name("q", 2, "attn")`` checks
 that q lives in attn; ``act_name("scale", 1, "ln2")`` -> ``"blocks.1.ln2.hook_scale"``;
-``act_name("scale")`` -> ``"ln_final.hook_scale"``. A kind ending in ``_grad`` names the gradient
+``act_name("scale")`` -> ``"ln_final.hook_scale"``. ``split_compact`` reads TransformerLens's compact
+strings ("k6" is ("k", 6), "scale4ln1" is ("scale", 4, "ln1")) by plain parsing. A kind ending in ``_grad`` names the gradient
 entry of a cache (``"resid_pre_grad", 0`` -> ``"blocks.0.hook_resid_pre_grad"``).
 
 Footgun: the name is built whether or not the model has that hook; the cache lookup is what fails,
@@ -71,3 +72,14 @@ def _norm_name(kind: str, layer: Optional[int], module: Optional[str]) -> str:
     if layer is None:
         raise KeyError(f"{module}.{kind} is per layer: give a layer, e.g. ({kind!r}, 0, {module!r})")
     return f"blocks.{layer}.{module}.hook_{kind}"
+
+
+def split_compact(name: str) -> Optional[tuple]:
+    """("k", 6, None) for "k6", ("scale", 4, "ln1") for "scale4ln1": lowercase letters, a layer number,
+    then the module; None for anything else (a full name, a name with no layer number)."""
+    letters = len(name) - len(name.lstrip("abcdefghijklmnopqrstuvwxyz"))
+    digits = len(name[letters:]) - len(name[letters:].lstrip("0123456789"))
+    if not letters or not digits:
+        return None
+    rest = name[letters + digits:]
+    return name[:letters], int(name[letters:letters + digits]), rest or None

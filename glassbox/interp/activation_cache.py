@@ -1,8 +1,9 @@
 """ActivationCache: a read-only mapping from hook name to a cached activation.
 
-Keys are full hook names (``"blocks.3.attn.hook_pattern"``) or TransformerLens shorthand tuples
-(``cache["pattern", 3]``, ``cache["scale", 1, "ln2"]``), resolved by ``act_name``'s exact table. A
-negative layer counts from the end (``cache["resid_post", -1]`` is the last layer's), as in
+Keys are full hook names (``"blocks.3.attn.hook_pattern"``), TransformerLens shorthand tuples
+(``cache["pattern", 3]``, ``cache["scale", 1, "ln2"]``) or compact strings (``cache["k6"]``,
+``cache["scale4ln1"]``), resolved by ``act_name``'s exact table. A layer may be an int or a 0-d integer
+tensor; a negative one counts from the end (``cache["resid_post", -1]`` is the last layer's), as in
 TransformerLens; a layer outside [-n_layers, n_layers) is a ``KeyError`` naming it and n_layers.
 Gradients, when cached with ``incl_bwd=True``, sit under ``<name>_grad``.
 
@@ -11,10 +12,15 @@ attention mask of the run (for head detection and last-token reads) and whether 
 removed. The tensors are detached copies, so nothing done to the model or to later activations
 changes them; they are still ordinary tensors, so editing one in place edits the cache.
 
-Footgun: the analysis methods read the model's *current* weights. Editing weights after caching makes
-decompositions that mix old activations with new weights.
+The analysis methods (``glassbox.interp.resid``, ``neurons``, ``decomposition``) take layer
+arguments as stream positions: None or -1 is the stream entering the unembedding (see ``slices``).
+
+Footguns: the analysis methods read the model's *current* weights. Editing weights after caching makes
+decompositions that mix old activations with new weights. ``cache_dict`` is the live dict: writing
+to it writes to the cache. ``toggle_autodiff`` changes torch's global grad mode, for every model.
 """
 
+import logging
 from collections.abc import Mapping
 from typing import Iterator, Optional, Union
 
@@ -22,10 +28,12 @@ import torch
 from torch import Tensor
 
 from ..hooks import unknown_name_message
-from . import resid
-from .act_names import act_name
+from . import decomposition, neurons, resid
+from .act_names import act_name, split_compact
+from .slices import as_int
 
 Key = Union[str, tuple]
+log = logging.getLogger(__name__)
 
 
 class ActivationCache(Mapping):
@@ -57,6 +65,26 @@ class ActivationCache(Mapping):
     def __len__(self) -> int:
         return len(self._data)
 
+    @property
+    def cache_dict(self) -> dict:
+        """The live dict from hook name to tensor (TransformerLens's attribute): writes go into the cache."""
+        return self._data
+
+    @cache_dict.setter
+    def cache_dict(self, value: dict) -> None:
+        if not isinstance(value, dict):
+            raise TypeError(f"cache_dict must be a dict of hook name to tensor, got {type(value).__name__}")
+        self._data = value
+
+    def keys(self):
+        return self._data.keys()
+
+    def values(self):
+        return self._data.values()
+
+    def items(self):
+        return self._data.items()
+
     def __contains__(self, key) -> bool:
         try:
             self[key]
@@ -69,12 +97,16 @@ class ActivationCache(Mapping):
 
     def resolve(self, key: Key) -> str:
         """The full hook name of a key: a name stays as it is, a tuple goes through ``act_name``
-        (a negative layer counting from the end)."""
+        (a negative layer counting from the end, a 0-d integer tensor read as its int)."""
         if isinstance(key, str):
             return key
         if isinstance(key, tuple) and 1 <= len(key) <= 3:
-            if len(key) >= 2 and isinstance(key[1], int) and not isinstance(key[1], bool):
-                key = (key[0], self._layer_index(key[1], key), *key[2:])
+            if len(key) >= 2 and key[1] is not None:
+                try:
+                    layer = as_int(key[1], "layer")
+                except TypeError as error:
+                    raise KeyError(f"{error} (in key {key!r})") from None
+                key = (key[0], self._layer_index(layer, key), *key[2:])
             return act_name(*key)
         raise KeyError(f"a cache key is a hook name or a (kind, layer[, layer_type]) tuple, got {key!r}")
 
@@ -119,44 +151,86 @@ class ActivationCache(Mapping):
                 raise ValueError(f"remove_batch_dim needs batch size 1, {name} has shape {tuple(t.shape)}")
         return self._like({n: t[0] for n, t in self._data.items()}, False, self.tokens, self.attention_mask)
 
+    def toggle_autodiff(self, mode: bool = False) -> None:
+        """``torch.set_grad_enabled(mode)``: torch's *global* grad mode, for every model and tensor (a
+        warning is logged). ``torch.no_grad()`` or ``torch.inference_mode()`` scope it instead."""
+        log.warning("Changed the global state, set autodiff to %s", mode)
+        torch.set_grad_enabled(mode)
+
     # -- analysis (see glassbox.interp.resid for the maths and the exact-LayerNorm contract) -----
-    def accumulated_resid(self, layer: Optional[int] = None, incl_mid: bool = False, apply_ln: bool = False,
+    def stack_activation(self, activation_name: str, layer=-1, sublayer_type: Optional[str] = None) -> Tensor:
+        """``cache[activation_name, l, sublayer_type]`` stacked for the blocks l before stream position
+        ``layer`` (-1 or None: every block): [layer *shape]."""
+        n = resid.stream_layer(self.model.cfg, layer)
+        if n == 0:
+            raise ValueError(f"stack_activation({activation_name!r}, layer=0) has no blocks to stack")
+        return torch.stack([self[(activation_name, l, sublayer_type)] for l in range(n)])
+
+    def accumulated_resid(self, layer=None, incl_mid: bool = False, apply_ln: bool = False,
                           pos_slice=None, mlp_input: bool = False, return_labels: bool = False):
         """The residual stream at each layer (logit lens with ``apply_ln``); see ``resid.accumulated_resid``."""
         return resid.accumulated_resid(self, layer, incl_mid, apply_ln, pos_slice, mlp_input, return_labels)
 
-    def decompose_resid(self, layer: Optional[int] = None, mlp_input: bool = False, mode: str = "all",
+    def decompose_resid(self, layer=None, mlp_input: bool = False, mode: str = "all",
                         apply_ln: bool = False, pos_slice=None, incl_embeds: bool = True,
-                        return_labels: bool = False):
+                        return_labels: bool = False, affine: bool = True):
         """The residual stream as the outputs that wrote it; see ``resid.decompose_resid``."""
-        return resid.decompose_resid(self, layer, mlp_input, mode, apply_ln, pos_slice, incl_embeds, return_labels)
+        return resid.decompose_resid(self, layer, mlp_input, mode, apply_ln, pos_slice, incl_embeds, return_labels,
+                                     affine)
 
-    def stack_head_results(self, layer: Optional[int] = None, return_labels: bool = False,
-                           incl_b_O: bool = False, pos_slice=None, apply_ln: bool = False):
+    def compute_head_results(self) -> None:
+        """Add every layer's ``attn.hook_result`` (z @ W_O per head) to the cache; see ``resid``."""
+        resid.compute_head_results(self)
+
+    def stack_head_results(self, layer=-1, return_labels: bool = False, incl_remainder: bool = False,
+                           pos_slice=None, apply_ln: bool = False, incl_b_O: bool = False, affine: bool = True):
         """Each head's z @ W_O (b_O as its own rows with ``incl_b_O``); see ``resid.stack_head_results``."""
-        return resid.stack_head_results(self, layer, return_labels, incl_b_O, pos_slice, apply_ln)
+        return resid.stack_head_results(self, layer, return_labels, incl_remainder, pos_slice, apply_ln, incl_b_O,
+                                        affine)
 
-    def apply_ln_to_stack(self, stack: Tensor, layer: Optional[int] = None, mlp_input: bool = False,
-                          pos_slice=None, recompute_ln: bool = False, incl_bias: bool = False) -> Tensor:
+    def get_neuron_results(self, layer, neuron_slice=None, pos_slice=None, project_output_onto=None) -> Tensor:
+        """Each neuron's write, hook_post[..., n] * W_out[n]; see ``neurons.get_neuron_results``."""
+        return neurons.get_neuron_results(self, layer, neuron_slice, pos_slice, project_output_onto)
+
+    def stack_neuron_results(self, layer, pos_slice=None, neuron_slice=None, return_labels: bool = False,
+                             incl_remainder: bool = False, apply_ln: bool = False, project_output_onto=None,
+                             affine: bool = True, mlp_input: bool = False):
+        """Every neuron's write before ``layer``, labels "L{l}N{n}"; see ``neurons.stack_neuron_results``."""
+        return neurons.stack_neuron_results(self, layer, pos_slice, neuron_slice, return_labels, incl_remainder,
+                                            apply_ln, project_output_onto, affine, mlp_input)
+
+    def get_full_resid_decomposition(self, layer=None, mlp_input: bool = False, expand_neurons: bool = True,
+                                     apply_ln: bool = False, pos_slice=None, return_labels: bool = False,
+                                     project_output_onto=None, affine: bool = True):
+        """Heads, neurons (or MLPs), embeddings and biases; see ``decomposition``."""
+        return decomposition.get_full_resid_decomposition(self, layer, mlp_input, expand_neurons, apply_ln, pos_slice,
+                                                          return_labels, project_output_onto, affine)
+
+    def apply_ln_to_stack(self, residual_stack: Tensor, layer=None, mlp_input: bool = False, pos_slice=None,
+                          batch_slice=None, has_batch_dim: bool = True, recompute_ln: bool = False,
+                          incl_bias: bool = False, affine: bool = True) -> Tensor:
         """Apply a norm exactly to a stack of components; see ``resid.apply_ln_to_stack``."""
-        return resid.apply_ln_to_stack(self, stack, layer, mlp_input, pos_slice, recompute_ln, incl_bias)
+        return resid.apply_ln_to_stack(self, residual_stack, layer, mlp_input, pos_slice, batch_slice, has_batch_dim,
+                                       recompute_ln, incl_bias, affine)
 
-    def logit_attrs(self, stack: Tensor, tokens, incorrect_tokens=None, pos_slice=None,
-                    incl_bias: bool = True) -> Tensor:
+    def logit_attrs(self, residual_stack: Tensor, tokens, incorrect_tokens=None, pos_slice=None, batch_slice=None,
+                    has_batch_dim: bool = True, incl_bias: bool = True, affine: bool = True) -> Tensor:
         """Direct logit attribution, the final norm's bias as the last row; see ``resid.logit_attrs``."""
-        return resid.logit_attrs(self, stack, tokens, incorrect_tokens, pos_slice, incl_bias)
+        return resid.logit_attrs(self, residual_stack, tokens, incorrect_tokens, pos_slice, batch_slice, has_batch_dim,
+                                 incl_bias, affine)
 
     def _like(self, data: dict, has_batch_dim: bool, tokens, mask, device=None) -> "ActivationCache":
         if device is not None:
             tokens = tokens.to(device) if tokens is not None else None
             mask = mask.to(device) if mask is not None else None
-        return ActivationCache(data, self.model, has_batch_dim, tokens, mask)
+        return type(self)(data, self.model, has_batch_dim, tokens, mask)
 
 
 def _shorthand(key: str) -> Optional[str]:
-    """``cache["embed"]``, ``cache["scale"]``: a layer-free shorthand, or None if it is not one."""
+    """``cache["embed"]``, ``cache["scale"]``, ``cache["k6"]``: a shorthand, or None if it is not one."""
     try:
-        return act_name(key)
+        compact = split_compact(key)
+        return act_name(*compact) if compact is not None else act_name(key)
     except KeyError:
         return None
 

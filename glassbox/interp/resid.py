@@ -1,86 +1,70 @@
-"""The residual stream taken apart: logit lens, decompositions, per-head writes and logit attribution.
+"""The residual stream taken apart: logit lens, decompositions, norms and logit attribution.
 
 TransformerLens's names, labels and meanings (``accumulated_resid``, ``decompose_resid``,
-``stack_head_results``, ``apply_ln_to_stack``, ``logit_attrs``), with one difference: nothing relies
-on LayerNorm having been folded into the weights. A norm is applied exactly:
+``apply_ln_to_stack``, ``logit_attrs``; per-head writes are in ``head_results``, per-neuron ones in
+``neurons``, the full decomposition in ``decomposition``), with one difference: nothing relies on
+LayerNorm having been folded into the weights. A norm is applied exactly:
 
     norm(x) = (x - mean(x)) / scale * w + b          (RMSNorm: no centering, no b)
 
-where ``scale`` is the divisor the forward pass used (cached at ``hook_scale``). For a stack of
-components summing to x, centering and dividing by that cached scale are linear, so each component
-gets (c - mean(c)) / scale * w, and the bias b is one more component of its own. Summing all of them
-gives the norm's output exactly, and logit attributions sum to the logits (or logit difference).
+where ``scale`` is the divisor the forward pass used (cached at ``hook_scale``; nothing here reads
+``hook_normalized``, whose meaning differs between versions). For a stack of components summing to x,
+centering and dividing by that cached scale are linear, so each component gets
+(c - mean(c)) / scale * w, and the bias b is one more component of its own. Summing all of them gives
+the norm's output exactly, and logit attributions sum to the logits (or logit difference).
+``affine=False`` gives TransformerLens's (c - mean(c)) / scale instead, without w and b.
 
-``pos_slice`` picks positions from cached activations and from the cached scale: an int, a slice, a
-list/tensor of positions, or "last" (each sequence's last real token, from the cache's attention
-mask, so a padded batch never reads a pad).
+Layer arguments are stream positions and index arguments follow ``slices`` (negative and 0-d tensor
+layers; int, slice, indices, bool masks and "last" for positions).
 
 Footguns: the weights are the model's current ones; post-norm models are refused (their residual
 stream is renormalised in every block, so it is not a sum of component outputs); ``apply_ln=True`` on a
 decomposition returns the linear parts only (the bias is ``incl_bias`` of ``apply_ln_to_stack``).
 """
 
-from typing import Optional, Union
-
 import torch
 from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..models.generate import last_token_positions
+from .slices import PosSlice, index_axis, slice_pos, stream_layer
 
-PosSlice = Union[None, int, slice, list, Tensor, str]
 BIAS_LABEL = "ln_final.b"
 
 
 # -- the norm reading the residual stream at a layer ------------------------------------------
-def norm_at(cache, layer: Optional[int], mlp_input: bool = False) -> tuple:
-    """(norm module, name of its cached scale) for the norm that reads the stream entering ``layer``."""
+def norm_at(cache, layer, mlp_input: bool = False) -> tuple:
+    """(norm module, name of its cached scale) for the norm that reads the stream entering ``layer``
+    (a stream position, see ``slices``: None or -1 is ln_final)."""
     model = cache.model
     n_layers = model.cfg.n_layers
     if model.cfg.norm_placement != "pre":
         raise ValueError("post-norm models renormalise the residual stream in every block; residual "
                          "decompositions and norm attribution do not apply to them")
-    if layer is None or layer in (-1, n_layers):
+    layer = stream_layer(model.cfg, layer)
+    if layer == n_layers:
         return model.ln_final, "ln_final.hook_scale"
-    if not 0 <= layer < n_layers:
-        raise ValueError(f"layer={layer} is outside [0, n_layers={n_layers}]")
     if mlp_input and getattr(model.cfg, "parallel_attn_mlp", False):
         raise ValueError("parallel blocks have no MLP-input residual stream (mlp_input=True)")
     return (model.blocks[layer].ln2, f"blocks.{layer}.ln2.hook_scale") if mlp_input else \
         (model.blocks[layer].ln1, f"blocks.{layer}.ln1.hook_scale")
 
 
-def slice_pos(cache, t: Tensor, pos_slice: PosSlice) -> Tensor:
-    """Positions of an activation whose pos axis is second to last ([batch pos d] or [pos d])."""
-    if pos_slice is None:
-        return t
-    if isinstance(pos_slice, str):
-        if pos_slice != "last":
-            raise ValueError(f"pos_slice must be an int, slice, positions or 'last', got {pos_slice!r}")
-        mask = cache.attention_mask
-        pos = t.shape[-2]
-        if mask is None:
-            return t[..., -1, :]
-        last = last_token_positions(mask.to(t.device), pos)
-        if cache.has_batch_dim:
-            return t[torch.arange(t.shape[0], device=t.device), last]
-        return t[..., int(last[0]), :]
-    if isinstance(pos_slice, int):
-        return t[..., pos_slice, :]
-    if isinstance(pos_slice, slice):
-        return t[..., pos_slice, :]
-    index = torch.as_tensor(pos_slice, device=t.device)
-    return t.index_select(-2, index)
+def attn_only(model) -> bool:
+    """Whether the model's blocks have no MLP."""
+    return bool(getattr(model.cfg, "attn_only", False))
 
 
-def _stack(tensors: list, labels: list, return_labels: bool):
-    stack = torch.stack(tensors)
-    return (stack, labels) if return_labels else stack
+def stream_at(cache, layer: int, mlp_input: bool = False) -> Tensor:
+    """The cached residual stream entering stream position ``layer`` (its MLP with ``mlp_input``)."""
+    n_layers = cache.model.cfg.n_layers
+    if layer == n_layers:
+        return cache[("resid_post", n_layers - 1)]
+    return cache[("resid_mid" if mlp_input else "resid_pre", layer)]
 
 
 # -- stacks of residual-stream vectors ---------------------------------------------------------
-def accumulated_resid(cache, layer: Optional[int] = None, incl_mid: bool = False, apply_ln: bool = False,
+def accumulated_resid(cache, layer=None, incl_mid: bool = False, apply_ln: bool = False,
                       pos_slice: PosSlice = None, mlp_input: bool = False, return_labels: bool = False):
     """The residual stream at each point up to ``layer``: [component *batch_and_pos d_model].
 
@@ -90,9 +74,7 @@ def accumulated_resid(cache, layer: Optional[int] = None, incl_mid: bool = False
     "final_post" entry gives the model's logits.
     """
     n_layers = cache.model.cfg.n_layers
-    layer = n_layers if layer is None or layer == -1 else layer
-    if not 0 <= layer <= n_layers:
-        raise ValueError(f"layer={layer} is outside [0, n_layers={n_layers}]")
+    layer = stream_layer(cache.model.cfg, layer)
     tensors, labels = [], []
     for l in range(layer + 1):
         if l == n_layers:
@@ -110,21 +92,22 @@ def accumulated_resid(cache, layer: Optional[int] = None, incl_mid: bool = False
     return (stack, labels) if return_labels else stack
 
 
-def decompose_resid(cache, layer: Optional[int] = None, mlp_input: bool = False, mode: str = "all",
+def decompose_resid(cache, layer=None, mlp_input: bool = False, mode: str = "all",
                     apply_ln: bool = False, pos_slice: PosSlice = None, incl_embeds: bool = True,
-                    return_labels: bool = False):
+                    return_labels: bool = False, affine: bool = True):
     """The residual stream entering ``layer`` as a stack of the outputs that wrote it.
 
     Labels "embed", "pos_embed" (models with a position embedding), then "{l}_attn_out" and
-    "{l}_mlp_out" for every earlier layer (and "{layer}_attn_out" with ``mlp_input``). With mode
-    "all" and the embeddings, the stack sums to the residual stream. ``apply_ln`` gives each
-    component's linear share of the norm at ``layer``; the norm's bias is not in any component.
+    "{l}_mlp_out" for every earlier layer (and "{layer}_attn_out" with ``mlp_input``); an
+    attention-only model has no "_mlp_out" rows. With mode "all" and the embeddings, the stack sums to
+    the residual stream. ``apply_ln`` gives each component's linear share of the norm at ``layer``
+    (``affine`` as in ``apply_ln_to_stack``); the norm's bias is not in any component.
     """
     if mode not in ("all", "attn", "mlp"):
         raise ValueError(f"mode must be 'all', 'attn' or 'mlp', got {mode!r}")
     norm_at(cache, layer, mlp_input)  # validates layer and the architecture
-    n_layers = cache.model.cfg.n_layers
-    layer = n_layers if layer is None or layer == -1 else layer
+    layer = stream_layer(cache.model.cfg, layer)
+    with_mlp = mode != "attn" and not attn_only(cache.model)
     tensors, labels = [], []
     if incl_embeds:
         for name, label in (("hook_embed", "embed"), ("hook_pos_embed", "pos_embed")):
@@ -135,101 +118,149 @@ def decompose_resid(cache, layer: Optional[int] = None, mlp_input: bool = False,
         if mode != "mlp":
             tensors.append(cache[("attn_out", l)])
             labels.append(f"{l}_attn_out")
-        if mode != "attn" and l < layer:
+        if with_mlp and l < layer:
             tensors.append(cache[("mlp_out", l)])
             labels.append(f"{l}_mlp_out")
     if not tensors:
         raise ValueError(f"nothing to decompose for layer={layer}, mode={mode!r}, incl_embeds={incl_embeds}")
     stack = torch.stack([slice_pos(cache, t, pos_slice) for t in tensors])
     if apply_ln:
-        stack = apply_ln_to_stack(cache, stack, layer, mlp_input=mlp_input, pos_slice=pos_slice)
+        stack = apply_ln_to_stack(cache, stack, layer, mlp_input=mlp_input, pos_slice=pos_slice, affine=affine)
     return (stack, labels) if return_labels else stack
 
 
-def stack_head_results(cache, layer: Optional[int] = None, return_labels: bool = False,
-                       incl_b_O: bool = False, pos_slice: PosSlice = None, apply_ln: bool = False):
-    """Each head's write to the residual stream, z @ W_O, for the layers before ``layer``.
+# -- per-head writes --------------------------------------------------------------------------
+def head_results(cache, layer) -> Float[Tensor, "*batch pos head d_model"]:
+    """Each head's write to the residual stream at block ``layer``: z @ W_O per head, from ``hook_z``."""
+    model = cache.model
+    z = cache[("z", layer)]
+    W_O = model.blocks[layer].attn.W_O.detach().to(z.device, z.dtype)
+    return einsum(z, W_O, "... head d_head, head d_head d_model -> ... head d_model")
+
+
+def compute_head_results(cache) -> None:
+    """Add ``blocks.{l}.attn.hook_result`` [*batch pos head d_model] to the cache for every layer that
+    lacks it, from ``hook_z`` and W_O. An entry the run cached already is left as it is."""
+    model = cache.model
+    missing = [l for l in range(model.cfg.n_layers) if f"blocks.{l}.attn.hook_result" not in cache.cache_dict]
+    computed = {f"blocks.{l}.attn.hook_result": head_results(cache, l) for l in missing}
+    cache.cache_dict.update(computed)  # all or nothing: a missing hook_z raised above
+
+
+def stack_head_results(cache, layer=-1, return_labels: bool = False, incl_remainder: bool = False,
+                       pos_slice: PosSlice = None, apply_ln: bool = False, incl_b_O: bool = False,
+                       affine: bool = True):
+    """Each head's write to the residual stream, z @ W_O, for the blocks before ``layer``.
 
     [layer*head *batch_and_pos d_model], labels "L{l}H{h}". The output bias b_O belongs to no head:
     with ``incl_b_O`` it follows each layer's heads as its own row "L{l}_b_O", so a layer's rows sum
-    to its hook_attn_out. Needs ``hook_z`` in the cache.
+    to its hook_attn_out. With ``incl_remainder`` a last row "remainder" holds the rest of the stream
+    entering ``layer`` (the stream minus every other row), so the rows sum to that stream. ``layer=0``
+    gives no head rows (an empty stack unless ``incl_remainder``). Computed from ``hook_z`` (never from
+    a cached ``hook_result``), so it needs hook_z in the cache and holds with or without
+    use_attn_result. ``apply_ln``: see ``apply_ln_to_stack`` (``affine`` too).
     """
     model = cache.model
-    n_layers = model.cfg.n_layers
-    layer = n_layers if layer is None or layer == -1 else layer
-    if not 0 <= layer <= n_layers:
-        raise ValueError(f"layer={layer} is outside [0, n_layers={n_layers}]")
+    layer = stream_layer(model.cfg, layer)
+    if incl_remainder or apply_ln:
+        norm_at(cache, layer)  # a remainder or a norm needs a pre-norm residual stream
     rows, labels = [], []
     for l in range(layer):
-        z = slice_pos(cache, _flat_z(cache[("z", l)]), pos_slice)
-        attn = model.blocks[l].attn
-        W_O = attn.W_O.detach().to(z.device, z.dtype)
-        z = z.unflatten(-1, (model.cfg.n_heads, model.cfg.d_head))
-        rows.append(einsum(z, W_O, "... head d_head, head d_head d_model -> head ... d_model"))
+        results = slice_pos(cache, head_results(cache, l), pos_slice, dim=-3)
+        rows.append(results.movedim(-2, 0))
         labels += [f"L{l}H{h}" for h in range(model.cfg.n_heads)]
         if incl_b_O:
-            b_O = attn.b_O.detach() if attn.b_O is not None else torch.zeros(model.cfg.d_model)
-            rows.append(b_O.to(z.device, z.dtype).expand(1, *z.shape[:-2], model.cfg.d_model))
+            b_O = model.blocks[l].attn.b_O
+            b_O = b_O.detach() if b_O is not None else torch.zeros(model.cfg.d_model)
+            rows.append(b_O.to(results.device, results.dtype).expand(1, *results.shape[:-2], model.cfg.d_model))
             labels.append(f"L{l}_b_O")
     if not rows:
-        raise ValueError("stack_head_results(layer=0) has no heads to stack")
+        empty = slice_pos(cache, stream_at(cache, 0), pos_slice)
+        rows.append(empty.new_zeros((0, *empty.shape)))
     stack = torch.cat(rows)
+    if incl_remainder:
+        stack, labels = with_remainder(cache, stack, labels, layer, pos_slice)
     if apply_ln:
-        stack = apply_ln_to_stack(cache, stack, layer, pos_slice=pos_slice)
+        stack = apply_ln_to_stack(cache, stack, layer, pos_slice=pos_slice, affine=affine)
     return (stack, labels) if return_labels else stack
 
 
-def _flat_z(z: Tensor) -> Tensor:
-    """[..., pos, head, d_head] -> [..., pos, head*d_head], so pos is second to last for slicing."""
-    return z.flatten(-2)
+def with_remainder(cache, stack: Tensor, labels: list, layer: int, pos_slice: PosSlice,
+                   mlp_input: bool = False) -> tuple:
+    """The stack with one more row, "remainder": the stream entering ``layer`` minus the stack's sum."""
+    stream = slice_pos(cache, stream_at(cache, layer, mlp_input), pos_slice).to(stack.dtype)
+    return torch.cat([stack, (stream - stack.sum(0))[None]]), [*labels, "remainder"]
 
 
 # -- norms and attribution ---------------------------------------------------------------------
-def apply_ln_to_stack(cache, stack: Float[Tensor, "component ..."], layer: Optional[int] = None,
-                      mlp_input: bool = False, pos_slice: PosSlice = None, recompute_ln: bool = False,
-                      incl_bias: bool = False) -> Float[Tensor, "component_out ..."]:
-    """Apply the norm that reads the stream at ``layer`` (ln_final when None) to a stack.
+def apply_ln_to_stack(cache, residual_stack: Float[Tensor, "component ..."], layer=None,
+                      mlp_input: bool = False, pos_slice: PosSlice = None, batch_slice=None,
+                      has_batch_dim: bool = True, recompute_ln: bool = False, incl_bias: bool = False,
+                      affine: bool = True) -> Float[Tensor, "component_out ..."]:
+    """Apply the norm that reads the stream at ``layer`` (ln_final when None or -1) to a stack.
 
-    Default: the stack is a decomposition, so each component is centred and divided by the scale
-    the forward pass used (cached; ``pos_slice`` selects its positions to match the stack), then
-    multiplied by w. With ``incl_bias`` the bias b follows as one more component, and the rows sum
-    to the norm's output exactly. With ``recompute_ln`` each entry is a whole residual stream and is
-    normalised by its own statistics, w and b included.
+    Default: the stack is a decomposition, so each component is centred (LayerNorm; RMSNorm does not
+    centre) and divided by the scale the forward pass used (cached; ``pos_slice`` and ``batch_slice``
+    select its positions and sequences to match the stack), then multiplied by w. With ``incl_bias``
+    the bias b follows as one more component, and the rows sum to the norm's output exactly. With
+    ``recompute_ln`` each entry is a whole residual stream and is normalised by its own statistics, w
+    and b included.
+
+    ``affine=False`` leaves out w and b (``incl_bias`` is then refused): centring and the cached scale
+    only, TransformerLens's contract, which is the norm's exact share only where w and b were folded
+    into the weights that read it (``fold_ln``).
+
+    ``batch_slice`` picks sequences of the stack (its axis 1, when ``has_batch_dim``) and of the cached
+    scale (when the cache has a batch axis); ``has_batch_dim=False`` says the stack has no batch axis,
+    so only the scale is cut (to the one sequence the stack belongs to).
     """
+    if incl_bias and not affine:
+        raise ValueError("incl_bias appends the norm's bias b, which affine=False leaves out")
     norm, scale_name = norm_at(cache, layer, mlp_input)
+    stack = residual_stack
+    if has_batch_dim:
+        stack = index_axis(stack, batch_slice, 1, "batch_slice")
     center = cache.model.cfg.normalization == "LN"
     w = norm.w.detach().to(stack.device, stack.dtype)
     b = getattr(norm, "b", None)
     b = b.detach().to(stack.device, stack.dtype) if b is not None else torch.zeros_like(w)
+    if not affine:
+        w, b = torch.ones_like(w), torch.zeros_like(w)
     x = stack - stack.mean(-1, keepdim=True) if center else stack
     if recompute_ln:
         if incl_bias:
             raise ValueError("recompute_ln normalises whole streams; each already includes the bias")
         return x / (x.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt() * w + b
     scale = slice_pos(cache, cache[scale_name], pos_slice).to(stack.device, stack.dtype)
+    if cache.has_batch_dim:
+        scale = index_axis(scale, batch_slice, 0, "batch_slice")
     if scale.shape[:-1] != stack.shape[1:-1]:
-        raise ValueError(f"the stack's positions {tuple(stack.shape[1:-1])} do not match the cached scale "
-                         f"{tuple(scale.shape[:-1])} of {scale_name}; pass the pos_slice the stack was cut with")
-    out = x / scale * w
+        raise ValueError(f"the stack's batch/pos axes {tuple(stack.shape[1:-1])} do not match the cached scale "
+                         f"{tuple(scale.shape[:-1])} of {scale_name}; pass the pos_slice (and batch_slice) the "
+                         "stack was cut with")
+    out = x / scale * w if affine else x / scale
     if incl_bias:
         out = torch.cat([out, b.expand(1, *out.shape[1:])])
     return out
 
 
-def logit_attrs(cache, stack: Float[Tensor, "component ..."], tokens, incorrect_tokens=None,
-                pos_slice: PosSlice = None, incl_bias: bool = True) -> Float[Tensor, "component_out ..."]:
+def logit_attrs(cache, residual_stack: Float[Tensor, "component ..."], tokens, incorrect_tokens=None,
+                pos_slice: PosSlice = None, batch_slice=None, has_batch_dim: bool = True,
+                incl_bias: bool = True, affine: bool = True) -> Float[Tensor, "component_out ..."]:
     """Direct logit attribution: each component's share of the logit of ``tokens``.
 
     The stack is in residual-stream space (not normalised). Each component passes through the final
-    norm exactly (see ``apply_ln_to_stack``) and is dotted with the token's unembedding direction.
-    With ``incl_bias`` (default) one more row is appended: the norm's bias (plus any unembedding
-    bias), so the rows sum to the model's logit, or logit difference with ``incorrect_tokens``.
+    norm exactly (see ``apply_ln_to_stack``, which takes ``pos_slice``, ``batch_slice``,
+    ``has_batch_dim`` and ``affine``) and is dotted with the token's unembedding direction. With
+    ``incl_bias`` (default) one more row is appended: the norm's bias (plus any unembedding bias), so
+    the rows sum to the model's logit, or logit difference with ``incorrect_tokens``.
 
     ``tokens``: a str or int (one token everywhere), or a tensor whose shape is a prefix of the
     stack's batch/pos axes (e.g. [batch] for a stack at one position, [batch pos] for all). Ids must
     lie in [0, d_vocab): a negative id is refused, not read from the end of the vocabulary.
     """
-    scaled = apply_ln_to_stack(cache, stack, None, pos_slice=pos_slice, incl_bias=incl_bias)
+    scaled = apply_ln_to_stack(cache, residual_stack, None, pos_slice=pos_slice, batch_slice=batch_slice,
+                               has_batch_dim=has_batch_dim, incl_bias=incl_bias, affine=affine)
     ids = _token_ids(cache.model, tokens, scaled.device)
     attrs = _dot_unembed(cache.model, scaled, ids, incl_bias)
     if incorrect_tokens is not None:
