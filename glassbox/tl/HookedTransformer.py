@@ -1,0 +1,292 @@
+"""TransformerLens's HookedTransformer: glassbox's model with TransformerLens's config, constructor,
+loading defaults, forward argument order and run_with_cache signature.
+
+``HookedTransformer`` subclasses ``glassbox.HookedTransformer``: the computation, hooks and every
+glassbox method are glassbox's own; only the surface differs. ``model.cfg`` is a
+``HookedTransformerConfig`` (TransformerLens's fields; glassbox's delegated to ``model.cfg.glassbox``).
+
+- ``HookedTransformer(cfg, tokenizer=None, move_to_device=True, default_padding_side="right")``:
+  ``cfg`` a HookedTransformerConfig or a dict of its fields; the model is built on ``cfg.device``
+  (unless ``move_to_device=False``) in ``cfg.dtype``. Weights are glassbox's initialisation (normal,
+  std ``initializer_range``, residual writers scaled by 1/sqrt(2 n_layers)): the distribution family of
+  TransformerLens's, not its values for a given seed.
+- ``from_pretrained(name, fold_ln=True, center_writing_weights=True, center_unembed=True,
+  refactor_factored_attn_matrices=False, fold_value_biases=True, ...)``: TransformerLens's processing
+  defaults. glassbox's own ``from_pretrained`` processes nothing. ``from_pretrained_no_processing``
+  turns every step off.
+- ``forward`` takes TransformerLens's positional order (input, return_type, loss_per_token,
+  prepend_bos, padding_side, start_at_layer, tokens, shortformer_pos_embed, attention_mask,
+  stop_at_layer, past_kv_cache).
+
+Processing, as TransformerLens 3.9 does it: ``fold_ln`` folds each norm into its readers, and for
+LayerNorm also removes the readers' d_model mean (glassbox's ``center_reader_weights``);
+``cfg.normalization_type`` becomes "LNPre" / "RMSPre" (glassbox keeps the norm, with w = 1 and
+b = 0). ``center_writing_weights`` applies to LayerNorm models only (RMSNorm models are left as they
+are, as in TransformerLens). Post-norm models skip ``fold_ln`` and ``center_writing_weights`` with a
+warning, as TransformerLens does for post-norm architectures.
+"""
+
+import warnings
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from ..hooks import HookedRootModule  # noqa: F401  (TransformerLens code imports it from here)
+from ..models import HookedTransformer as _GlassboxTransformer
+from ..models import gpt2_tokenizer
+from .config.fields import FLAGS
+from .config.hooked_transformer_config import HookedTransformerConfig, default_device
+from .loading_from_pretrained import get_official_model_name
+
+Loss = Tensor  # a 0-d mean loss, or [batch pos-1] per token
+Output = Union[None, Tensor, Loss, Tuple[Tensor, Loss]]
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+          "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+GPT2_TOKENIZER_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2", "openai-community/gpt2")
+HF_ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "gptj": "GPTJForCausalLM"}
+
+
+def _tokenizer_named(name: str):
+    if name in GPT2_TOKENIZER_NAMES:
+        return gpt2_tokenizer()  # shipped with glassbox: no download
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name)
+
+
+def as_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
+        return DTYPES[dtype]
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating torch.dtype or its name, got {dtype!r}")
+    return dtype
+
+
+class HookedTransformer(_GlassboxTransformer):
+    """glassbox's HookedTransformer with TransformerLens's surface (see the module docstring)."""
+
+    def __init__(self, cfg, tokenizer=None, move_to_device: bool = True,
+                 default_padding_side: Optional[str] = "right"):
+        if isinstance(cfg, str):
+            raise ValueError("HookedTransformer(cfg) takes a HookedTransformerConfig or a dict; to load a pretrained "
+                             f"model use HookedTransformer.from_pretrained({cfg!r})")
+        tl_cfg = HookedTransformerConfig.unwrap(cfg)
+        if tl_cfg._model is not None:  # a config belongs to one model; this one gets a copy
+            import copy
+
+            tl_cfg = copy.deepcopy(tl_cfg)
+        if tokenizer is None and tl_cfg.tokenizer_name is not None:
+            tokenizer = _tokenizer_named(tl_cfg.tokenizer_name)
+        if tl_cfg._glassbox is None:
+            if tokenizer is None:
+                raise ValueError("HookedTransformerConfig has d_vocab=-1: give d_vocab, or a tokenizer (or "
+                                 "tokenizer_name) to take it from")
+            tl_cfg._complete(max(tokenizer.get_vocab().values()) + 1)
+        if default_padding_side not in ("left", "right", None):
+            raise ValueError(f"default_padding_side must be 'left' or 'right', got {default_padding_side!r}")
+        values = tl_cfg._values
+        flags = {name: values[name] for name in FLAGS}
+        device = values["device"] if move_to_device else None
+        super().__init__(tl_cfg.glassbox, tokenizer=tokenizer, init=bool(values["init_weights"]), device=device,
+                         dtype=as_dtype(values["dtype"]), **self._flag_kwargs(flags))
+        self.default_padding_side = default_padding_side or "right"
+        if values["normalization_type"] in ("LNPre", "RMSPre") and not values["init_weights"]:
+            self._reset_norms()
+        self.cfg = tl_cfg
+        tl_cfg._bind(self)
+
+    @staticmethod
+    def _flag_kwargs(flags: dict) -> dict:
+        from ..models.hook_flags import HookFlags
+
+        return {"hook_flags": HookFlags(**flags)}
+
+    @torch.no_grad()
+    def _reset_norms(self) -> None:
+        """LNPre / RMSPre: every norm at w = 1, b = 0 (the identity affine map)."""
+        for name, param in self.named_parameters():
+            if name.startswith("ln_final.") or ".ln1." in name or ".ln2." in name:
+                param.fill_(1.0 if name.endswith(".w") else 0.0)
+
+    # -- loading -------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, model_name: str, fold_ln: bool = True, center_writing_weights: bool = True,
+                        center_unembed: bool = True, refactor_factored_attn_matrices: bool = False,
+                        checkpoint_index: Optional[int] = None, checkpoint_value: Optional[int] = None,
+                        checkpoint_label: Optional[int] = None, hf_model=None, device=None, n_devices: int = 1,
+                        tokenizer=None, move_to_device: bool = True, fold_value_biases: bool = True,
+                        default_prepend_bos: Optional[bool] = None, default_padding_side: Optional[str] = "right",
+                        dtype=torch.float32, first_n_layers: Optional[int] = None, n_ctx: Optional[int] = None,
+                        **from_pretrained_kwargs) -> "HookedTransformer":
+        """Load a model glassbox can load (``loading_from_pretrained.OFFICIAL_MODEL_NAMES``, a local
+        folder, or ``hf_model``) and process its weights with TransformerLens's defaults."""
+        from ..weights import from_hf
+        from ..weights import from_pretrained as load
+        from ..weights.processing import process_state_dict
+
+        if "torch_dtype" in from_pretrained_kwargs:  # TransformerLens's older name wins, as there
+            dtype = from_pretrained_kwargs.pop("torch_dtype")
+        refused = dict(checkpoint_index=checkpoint_index, checkpoint_value=checkpoint_value,
+                       checkpoint_label=checkpoint_label, first_n_layers=first_n_layers, n_ctx=n_ctx)
+        for name, value in refused.items():
+            if value is not None:
+                raise ValueError(f"from_pretrained({name}={value!r}) is not supported by glassbox: it loads the "
+                                 "final weights of a model as they are")
+        if n_devices != 1:
+            raise ValueError(f"from_pretrained(n_devices={n_devices}) is not supported: glassbox puts a model on one device")
+        if from_pretrained_kwargs:
+            raise TypeError(f"from_pretrained got options glassbox does not support: {', '.join(from_pretrained_kwargs)}")
+        dtype = as_dtype(dtype)
+        where = (device if device is not None else default_device()) if move_to_device else "cpu"
+        if hf_model is not None:
+            base = from_hf(hf_model, tokenizer=tokenizer, device=where, dtype=dtype)
+            official = model_name
+        else:
+            official = get_official_model_name(model_name)
+            base = load(official, device=where, dtype=dtype, tokenizer=tokenizer)
+        gcfg = base.cfg
+        if gcfg.norm_placement != "pre" and (fold_ln or center_writing_weights):
+            warnings.warn(f"{model_name} is a post-norm model: fold_ln and center_writing_weights do not apply to it "
+                          "and are skipped (as TransformerLens does for post-norm architectures)", stacklevel=2)
+            fold_ln = center_writing_weights = False
+        layer_norm = gcfg.normalization == "LN"
+        steps = []
+        if fold_ln:
+            steps += ["fold_ln"] + (["center_reader_weights"] if layer_norm else [])
+        if center_writing_weights and layer_norm:
+            steps.append("center_writing_weights")
+        for name, chosen in (("center_unembed", center_unembed), ("fold_value_biases", fold_value_biases),
+                             ("refactor_factored_attn_matrices", refactor_factored_attn_matrices)):
+            if chosen:
+                steps.append(name)
+        state, gcfg = process_state_dict({k: v.detach() for k, v in base.state_dict().items()}, gcfg, steps)
+        from ..weights.architectures import architecture_of_config
+
+        tl_fields = dict(
+            normalization_type=gcfg.normalization + ("Pre" if fold_ln else ""), dtype=dtype, device=str(where),
+            original_architecture=HF_ARCHITECTURES.get(architecture_of_config(gcfg).model_type),
+            tokenizer_name=official if isinstance(official, str) and official in GPT2_TOKENIZER_NAMES else None,
+            model_name=str(model_name), init_weights=False, layer_norm_folding=fold_ln)
+        if default_prepend_bos is not None:
+            tl_fields["default_prepend_bos"] = default_prepend_bos
+        tl_cfg = HookedTransformerConfig.from_glassbox(gcfg.replace(model_name=str(model_name)), **tl_fields)
+        model = cls(tl_cfg, tokenizer=base.tokenizer, move_to_device=move_to_device,
+                    default_padding_side=default_padding_side)
+        model.load_state_dict(state, strict=True)
+        model.cfg._values["init_weights"] = True
+        model.processing = tuple(steps)
+        return model.eval()
+
+    @classmethod
+    def from_pretrained_no_processing(cls, model_name: str, fold_ln: bool = False, center_writing_weights: bool = False,
+                                      center_unembed: bool = False, refactor_factored_attn_matrices: bool = False,
+                                      fold_value_biases: bool = False, dtype=torch.float32,
+                                      default_prepend_bos: Optional[bool] = None,
+                                      default_padding_side: Optional[str] = "right", **from_pretrained_kwargs):
+        """``from_pretrained`` with every processing step off: logits equal Hugging Face's."""
+        return cls.from_pretrained(model_name, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                                   center_unembed=center_unembed, fold_value_biases=fold_value_biases,
+                                   refactor_factored_attn_matrices=refactor_factored_attn_matrices, dtype=dtype,
+                                   default_prepend_bos=default_prepend_bos, default_padding_side=default_padding_side,
+                                   **from_pretrained_kwargs)
+
+    def move_model_modules_to_device(self) -> "HookedTransformer":
+        return self.to(self.cfg._values["device"])
+
+    # -- running -------------------------------------------------------------------------------
+    def forward(self, input, return_type: Optional[str] = "logits", loss_per_token: bool = False,
+                prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
+                start_at_layer: Optional[int] = None, tokens: Optional[Tensor] = None,
+                shortformer_pos_embed: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
+                stop_at_layer: Optional[int] = None, past_kv_cache=None):
+        """TransformerLens's forward; see ``glassbox.HookedTransformer.forward`` for each argument."""
+        if shortformer_pos_embed is not None:
+            raise ValueError("shortformer_pos_embed is not supported: glassbox has no shortformer positions")
+        return super().forward(input, return_type=return_type, loss_per_token=loss_per_token,
+                               attention_mask=attention_mask, prepend_bos=prepend_bos,
+                               padding_side=padding_side or self.default_padding_side, stop_at_layer=stop_at_layer,
+                               past_kv_cache=past_kv_cache, start_at_layer=start_at_layer, tokens=tokens)
+
+    def run_with_cache(self, *model_args, names_filter=None, device=None, remove_batch_dim: bool = False,
+                       incl_bwd: bool = False, reset_hooks_end: bool = True, clear_contexts: bool = False,
+                       pos_slice=None, return_cache_object: bool = True, **model_kwargs):
+        """TransformerLens's run_with_cache; see ``tl_run_with_cache``."""
+        return tl_run_with_cache(self, model_args, names_filter=names_filter, device=device,
+                              remove_batch_dim=remove_batch_dim, incl_bwd=incl_bwd, reset_hooks_end=reset_hooks_end,
+                              clear_contexts=clear_contexts, pos_slice=pos_slice,
+                              return_cache_object=return_cache_object, **model_kwargs)
+
+
+FORWARD_ARGS = ("input", "return_type", "loss_per_token", "prepend_bos", "padding_side", "start_at_layer", "tokens",
+                "shortformer_pos_embed", "attention_mask", "stop_at_layer", "past_kv_cache")
+# TransformerLens slices pos_slice along this axis (from the end); every other activation: -2.
+POS_AXIS_3 = ("hook_q", "hook_k", "hook_v", "hook_z", "hook_result")
+
+
+def tl_run_with_cache(model, model_args: tuple, names_filter=None, device=None, remove_batch_dim: bool = False,
+                      incl_bwd: bool = False, reset_hooks_end: bool = True, clear_contexts: bool = False,
+                      pos_slice=None, return_cache_object: bool = True, **model_kwargs):
+    """(output, cache) with TransformerLens's arguments, mapped onto ``glassbox.interp.cache.run_with_cache``.
+
+    - ``model_args`` are the forward's positional arguments in TransformerLens's order; the forward's
+      keywords pass through.
+    - ``names_filter``: None, a name, a list of names or a callable; unlike TransformerLens an unknown
+      name raises KeyError (TransformerLens caches nothing for it, silently).
+    - ``incl_bwd``: gradients of the loss (the forward runs with return_type "both"; the output is what
+      return_type asked for); parameters' ``.grad`` are left unchanged (TransformerLens's
+      ``backward()`` accumulates into them).
+    - ``reset_hooks_end=False`` (leaving the caching hooks attached) is refused; ``clear_contexts``
+      empties every hook point's ``ctx`` afterwards.
+    - ``pos_slice``: a ``Slice`` (or what ``Slice`` takes) applied to each cached activation's position
+      axis, as TransformerLens chooses it: third from the end for q, k, v, z and result, else second.
+    - ``return_cache_object``: a ``glassbox.tl.ActivationCache`` (False: a plain dict).
+    """
+    from ..interp.cache import run_with_cache
+
+    if not reset_hooks_end:
+        raise ValueError("run_with_cache(reset_hooks_end=False) is not supported: glassbox always removes the "
+                         "caching hooks it added; add your own with model.add_hook")
+    if len(model_args) > len(FORWARD_ARGS):
+        raise TypeError(f"run_with_cache got {len(model_args)} positional arguments for the forward; it takes "
+                        f"at most {len(FORWARD_ARGS)}")
+    for name, value in zip(FORWARD_ARGS, model_args):
+        if name in model_kwargs:
+            raise TypeError(f"run_with_cache got multiple values for the forward's argument {name!r}")
+        model_kwargs[name] = value
+    if "input" not in model_kwargs:
+        raise TypeError("run_with_cache needs the model's input")
+    if model_kwargs.pop("shortformer_pos_embed", None) is not None:
+        raise ValueError("shortformer_pos_embed is not supported: glassbox has no shortformer positions")
+    if model_kwargs.get("padding_side") is None:
+        model_kwargs["padding_side"] = model.default_padding_side
+    out, cache = run_with_cache(model, model_kwargs.pop("input"), names_filter=names_filter, device=device,
+                                remove_batch_dim=remove_batch_dim, incl_bwd=incl_bwd, **model_kwargs)
+    data = dict(cache.items()) if hasattr(cache, "items") else dict(cache._data)
+    if pos_slice is not None:
+        from .utils import Slice
+
+        pos_slice = Slice.unwrap(pos_slice)
+        for name, value in data.items():
+            axis = -3 if name.removesuffix("_grad").endswith(POS_AXIS_3) else -2
+            if value.ndim >= -axis:
+                data[name] = pos_slice.apply(value, dim=axis)
+    if clear_contexts:
+        for point in model.hook_dict.values():
+            point.ctx.clear()
+    if not return_cache_object:
+        return out, data
+    return out, activation_cache_class()(data, model, has_batch_dim=not remove_batch_dim, tokens=cache.tokens,
+                                         attention_mask=cache.attention_mask)
+
+
+def activation_cache_class():
+    """glassbox.tl's ActivationCache (TransformerLens's methods), or glassbox's where it is not there."""
+    try:
+        from .ActivationCache import ActivationCache
+    except ImportError:
+        from ..interp.activation_cache import ActivationCache
+    return ActivationCache

@@ -1,0 +1,10 @@
+"""TransformerLens's ``hook_points``: glassbox's HookPoint and HookedRootModule under their names."""
+
+from typing import Callable, Optional, Sequence, Union
+
+from ..hooks import HookedRootModule, HookHandle, HookPoint
+
+LensHandle = HookHandle  # what add_hook returns: ``handle.remove()`` detaches that one registration
+NamesFilter = Optional[Union[Callable[[str], bool], Sequence[str], str]]
+
+__all__ = ["HookPoint", "HookedRootModule", "LensHandle", "NamesFilter"]
