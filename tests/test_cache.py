@@ -36,14 +36,14 @@ def test_cache_holds_every_activation_as_plain_hooks_see_it(model, tokens):
     logits, cache_ = model.run_with_cache(tokens)
     ref_logits, ref = captured(model, tokens, list(model.hook_dict))
     assert isinstance(cache_, ActivationCache)
-    assert sorted(cache_.keys()) == sorted(model.hook_dict) and len(cache_) == len(model.hook_dict) == 38
+    assert sorted(cache_.keys()) == sorted(model.hook_dict) and len(cache_) == len(model.hook_dict) == 45  # 19 a block; embed, pos_embed, ln_final x3, unembed x2
     torch.testing.assert_close(logits, ref_logits, atol=0, rtol=0)
     # measured 3.0e-8 (values up to 0.38), bound 1e-6: 34x
     torch.testing.assert_close(logits, model(tokens), atol=1e-6, rtol=0)  # unhooked (fused) path
     for name, value in ref.items():
         torch.testing.assert_close(cache_[name], value, atol=0, rtol=0, msg=name)
         sizes = {"batch": 3, "pos": 11, "query_pos": 11, "key_pos": 11, "head": 3, "d_model": 15,
-                 "d_head": 5, "d_mlp": 23, "1": 1}
+                 "d_head": 5, "d_mlp": 23, "d_vocab": 29, "1": 1}
         assert tuple(cache_[name].shape) == tuple(sizes[a] for a in hook_shape(name).split()), name
     assert not model.has_hooks
 

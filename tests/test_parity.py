@@ -46,7 +46,7 @@ def test_every_intermediate_matches(tiny_hf, tiny_model, tiny_tokens):
     names = [f"blocks.{L}.hook_resid_pre" for L in range(TINY["n_layer"])]
     names += [f"blocks.{L}.attn.hook_pattern" for L in range(TINY["n_layer"])]
     acts = {}
-    hooks = [(name, lambda x, hook: acts.__setitem__(hook.name, x.detach())) for name in names + ["ln_final.hook_normalized"]]
+    hooks = [(name, lambda x, hook: acts.__setitem__(hook.name, x.detach())) for name in names + ["ln_final.hook_out"]]
     with torch.no_grad():
         tiny_model.run_with_hooks(tiny_tokens, fwd_hooks=hooks)
     for L in range(TINY["n_layer"]):
@@ -58,7 +58,7 @@ def test_every_intermediate_matches(tiny_hf, tiny_model, tiny_tokens):
                                    msg=lambda m, L=L: f"pattern of layer {L} differs from HF attentions[{L}]: {m}")
     # HF's last hidden state is after ln_f.
     # measured 4.8e-7 (values up to 2.4), bound 1e-5: 21x
-    torch.testing.assert_close(acts["ln_final.hook_normalized"], out.hidden_states[-1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(acts["ln_final.hook_out"], out.hidden_states[-1], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
