@@ -11,28 +11,69 @@ Contract:
 - Each ``add_hook`` is one registration: ``fwd_hooks`` and ``bwd_hooks`` hold ``Registration``
   objects (the function is ``.fn``), and a ``HookHandle`` removes exactly its own registration, so
   the same function added twice is removed once per handle, from its own place in the order.
+- A registration is permanent (``is_permanent``, ``add_perma_hook``) or not, and may carry a
+  ``context_level`` (the ``hooks()`` block depth it belongs to, as in TransformerLens). Removing by
+  kind (``remove_hooks``) follows TransformerLens: permanent hooks stay unless
+  ``including_permanent=True`` (which removes every hook, whatever its level); otherwise a ``level``
+  removes only the non-permanent hooks of that level.
 
 Footgun: hooks are state on the model. Prefer ``model.hooks(...)`` or ``run_with_hooks``, which
 remove exactly what they added, even when something raises.
 """
 
+import re
 from typing import Callable, Optional
 
 from torch import Tensor, nn
 
 HookFn = Callable[..., Optional[Tensor]]
+DIRECTIONS = ("fwd", "bwd", "both")
+_LAYER = re.compile(r"[^.]+\.(\d+)(\.|$)")
+
+
+class NoLayerError(ValueError, IndexError):
+    """A hook point's name has no layer index. Both a ValueError and an IndexError, the two errors
+    TransformerLens's ``HookPoint.layer()`` raises for such names."""
 
 
 class Registration:
-    """One attachment of ``fn`` at one hook point; identity tells two attachments of one fn apart."""
+    """One attachment of ``fn`` at one hook point; identity tells two attachments of one fn apart.
 
-    __slots__ = ("fn",)
+    ``is_permanent`` and ``context_level`` have TransformerLens's meaning (its ``LensHandle``)."""
 
-    def __init__(self, fn: HookFn):
+    __slots__ = ("fn", "is_permanent", "context_level")
+
+    def __init__(self, fn: HookFn, is_permanent: bool = False, context_level: Optional[int] = None):
         self.fn = fn
+        self.is_permanent = is_permanent
+        self.context_level = context_level
+
+    @property
+    def user_hook(self) -> HookFn:
+        """The function (TransformerLens's name for it)."""
+        return self.fn
+
+    def removable(self, including_permanent: bool, level: Optional[int]) -> bool:
+        """Whether ``remove_hooks(including_permanent=..., level=...)`` removes this registration."""
+        if including_permanent:
+            return True
+        return not self.is_permanent and (level is None or self.context_level == level)
 
     def __repr__(self) -> str:
-        return f"Registration({getattr(self.fn, '__qualname__', self.fn)!r})"
+        extra = ", permanent" if self.is_permanent else ""
+        extra += f", level={self.context_level}" if self.context_level is not None else ""
+        return f"Registration({getattr(self.fn, '__qualname__', self.fn)!r}{extra})"
+
+
+def check_direction(dir, allowed=DIRECTIONS, where: str = "") -> None:
+    if not isinstance(dir, str) or dir not in allowed:
+        options = " or ".join(repr(d) for d in allowed)
+        raise ValueError(f"hook direction must be {options}, got {dir!r}{where}")
+
+
+def check_level(level) -> None:
+    if level is not None and (isinstance(level, bool) or not isinstance(level, int)):
+        raise TypeError(f"level must be an int (a hooks() block depth) or None, got {level!r}")
 
 
 class HookHandle:
@@ -68,21 +109,47 @@ class HookPoint(nn.Module):
     def has_hooks(self) -> bool:
         return bool(self.fwd_hooks) or bool(self.bwd_hooks)
 
-    def add_hook(self, fn: HookFn, dir: str = "fwd", prepend: bool = False) -> HookHandle:
-        if dir not in ("fwd", "bwd"):
-            raise ValueError(f"hook direction must be 'fwd' or 'bwd', got {dir!r} (at {self.name})")
-        if not callable(fn):
-            raise TypeError(f"hook at {self.name} must be callable, got {type(fn).__name__}")
+    def add_hook(self, hook: HookFn, dir: str = "fwd", is_permanent: bool = False,
+                 level: Optional[int] = None, prepend: bool = False) -> HookHandle:
+        """Attach ``hook`` (TransformerLens's argument order); ``prepend`` puts it before the others."""
+        check_direction(dir, ("fwd", "bwd"), f" (at {self.name})")
+        if not callable(hook):
+            raise TypeError(f"hook at {self.name} must be callable, got {type(hook).__name__}")
+        check_level(level)
         hooks = self.fwd_hooks if dir == "fwd" else self.bwd_hooks
-        registration = Registration(fn)
+        registration = Registration(hook, bool(is_permanent), level)
         hooks.insert(0, registration) if prepend else hooks.append(registration)
         return HookHandle(self, registration, dir)
 
-    def remove_hooks(self, dir: str = "both") -> None:
-        if dir in ("fwd", "both"):
-            self.fwd_hooks.clear()
-        if dir in ("bwd", "both"):
-            self.bwd_hooks.clear()
+    def add_perma_hook(self, hook: HookFn, dir: str = "fwd") -> HookHandle:
+        """A hook that ``reset_hooks()`` leaves in place (until ``including_permanent=True``)."""
+        return self.add_hook(hook, dir=dir, is_permanent=True)
+
+    def remove_hooks(self, dir: str = "fwd", including_permanent: bool = False,
+                     level: Optional[int] = None) -> None:
+        """Remove hooks by kind, as TransformerLens does (``dir`` defaults to "fwd" there too):
+        the non-permanent ones (of ``level`` only, when given), or with ``including_permanent`` all."""
+        check_direction(dir)
+        check_level(level)
+        for side in ("fwd", "bwd"):
+            if dir in (side, "both"):
+                hooks = self.fwd_hooks if side == "fwd" else self.bwd_hooks
+                # In place: whoever holds the list (a sweep restoring it) keeps the same object.
+                hooks[:] = [r for r in hooks if not r.removable(including_permanent, level)]
+
+    def clear_context(self) -> None:
+        """Empty ``ctx`` (a new dict)."""
+        self.ctx = {}
+
+    def layer(self) -> int:
+        """The layer index in a name ``blocks.{layer}...``; ``NoLayerError`` for other names."""
+        if self.name is None:
+            raise ValueError("this hook point has no name yet (the root model's setup() names it)")
+        match = _LAYER.match(self.name)
+        if match is None:
+            raise NoLayerError(f"hook point {self.name!r} has no layer index: layer() reads the number "
+                               "in a name 'blocks.<layer>....'")
+        return int(match.group(1))
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.fwd_hooks and not self.bwd_hooks:

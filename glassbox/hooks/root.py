@@ -2,25 +2,39 @@
 
 Contract:
 - ``setup()`` (call at the end of ``__init__``) names each HookPoint by its dotted module path and
-  fills ``hook_dict``.
+  fills ``hook_dict`` (hook points) and ``mod_dict`` (every named submodule), as TransformerLens does.
 - A hook target is a name (``"blocks.0.attn.hook_pattern"``), or a filter: a callable on the name.
   An unknown name raises ``KeyError`` listing the closest valid names.
 - ``hooks(...)`` and ``run_with_hooks(...)`` remove exactly the hooks they added when they exit,
   also when the body or a hook raises; hooks added by ``add_hook`` stay until removed. Exactly
   means by registration, not by function: nested blocks that attach the same function leave the
-  outer block's hooks in their order when the inner one exits.
+  outer block's hooks in their order when the inner one exits. With ``reset_hooks_end=False`` the
+  block's hooks stay after a body that succeeds (and are removed when it raises: nothing is left
+  half-attached by a failed run).
+- Permanent hooks and levels, with TransformerLens's meaning: ``add_hook(..., is_permanent=True)``
+  (or ``add_perma_hook``) survives ``reset_hooks()`` and every block's exit, until
+  ``reset_hooks(including_permanent=True)``. ``context_level`` is the depth of open ``hooks()``
+  blocks; a block's hooks carry its level, and so does ``add_hook(..., level=k)``. When block k
+  exits it removes its own hooks and the non-permanent ones added with ``level=k`` while it was open
+  (TransformerLens removes every non-permanent hook of level k; that also takes hooks kept at level k
+  by an earlier ``reset_hooks_end=False`` block, which glassbox leaves). ``reset_hooks(level=k)``
+  removes every non-permanent hook of level k.
+- ``reset_hooks(clear_contexts=True, direction="both", including_permanent=False, level=None)`` is
+  TransformerLens's signature: it empties every ``hook.ctx`` by default, and keeps permanent hooks.
+  ``dir=`` (glassbox's earlier keyword) still names the direction.
 - Threads: while a ``hooks(...)`` block (or ``run_with_hooks``, or ``generate``) is active, its
   thread owns the model's hook state; a forward or a hook change from another thread raises
   ``RuntimeError`` (see ``threads.py``). One model per thread, or serialised calls.
 """
 
 import difflib
+import warnings
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator, Sequence, Union
+from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 from torch import nn
 
-from .hook_point import HookFn, HookHandle, HookPoint
+from .hook_point import HookFn, HookHandle, HookPoint, check_direction, check_level
 from .threads import HookStateGuard
 
 NameOrFilter = Union[str, Callable[[str], bool]]
@@ -29,15 +43,30 @@ HookSpec = Sequence[tuple]
 
 class HookedRootModule(nn.Module):
     hook_dict: dict
+    mod_dict: dict
     hook_guard: HookStateGuard
 
     def setup(self) -> None:
         self.hook_guard = HookStateGuard()
         self.hook_dict = {}
+        self.mod_dict = {}
+        # One list of handles per open hooks() block, outermost first: len() is the context level.
+        self._hook_scopes: list = []
         for name, module in self.named_modules():
+            if name:
+                self.mod_dict[name] = module
             if isinstance(module, HookPoint):
                 module.name = name
                 self.hook_dict[name] = module
+
+    @property
+    def context_level(self) -> int:
+        """How many ``hooks()`` blocks are open (TransformerLens's context level); 0 outside any."""
+        return len(self._hook_scopes)
+
+    def hook_points(self):
+        """Every HookPoint, in forward order."""
+        return self.hook_dict.values()
 
     # -- resolving targets -------------------------------------------------------------------
     def resolve_hook_names(self, name_or_filter: NameOrFilter) -> list:
@@ -52,66 +81,144 @@ class HookedRootModule(nn.Module):
             f"a hook target is a hook name or a callable filter on names, got {type(name_or_filter).__name__}"
         )
 
-    # -- adding and removing -----------------------------------------------------------------
-    def add_hook(self, name_or_filter: NameOrFilter, fn: HookFn, dir: str = "fwd",
-                 prepend: bool = False) -> list:
-        """Attach ``fn`` at every matched hook point; returns the handles that remove it."""
-        if dir not in ("fwd", "bwd"):
-            raise ValueError(f"hook direction must be 'fwd' or 'bwd', got {dir!r}")
-        names = self.resolve_hook_names(name_or_filter)
-        self.hook_guard.check_change("add_hook")
-        return [self.hook_dict[name].add_hook(fn, dir=dir, prepend=prepend) for name in names]
+    def list_hooks(self, name_filter=None, dir: str = "both", including_permanent: bool = True) -> dict:
+        """Attached registrations by hook name (points without any left out), as TransformerLens's
+        ``list_hooks``: ``name_filter`` is None (all), a name, a list of names or a callable."""
+        check_direction(dir)
+        if name_filter is None:
+            wanted = lambda name: True
+        elif isinstance(name_filter, str):
+            wanted = lambda name: name == name_filter
+        elif callable(name_filter):
+            wanted = name_filter
+        else:
+            names = set(name_filter)
+            wanted = lambda name: name in names
+        out = {}
+        for name, point in self.hook_dict.items():
+            if wanted(name):
+                found = [r for side in ("fwd", "bwd") if dir in (side, "both")
+                         for r in (point.fwd_hooks if side == "fwd" else point.bwd_hooks)
+                         if including_permanent or not r.is_permanent]
+                if found:
+                    out[name] = found
+        return out
 
-    def reset_hooks(self, dir: str = "both") -> None:
-        """Remove every hook from every hook point."""
-        self.hook_guard.check_change("reset_hooks")
+    # -- adding and removing -----------------------------------------------------------------
+    def add_hook(self, name: NameOrFilter, hook: HookFn, dir: str = "fwd", is_permanent: bool = False,
+                 level: Optional[int] = None, prepend: bool = False) -> list:
+        """Attach ``hook`` at every matched hook point; returns the handles that remove it.
+
+        TransformerLens's signature. ``is_permanent``: ``reset_hooks()`` keeps it. ``level``: the
+        context level it belongs to (the block of that level, when open, removes it at its exit).
+        """
+        check_direction(dir, ("fwd", "bwd"))
+        check_level(level)
+        if not callable(hook):
+            raise TypeError(f"hook must be callable, got {type(hook).__name__}")
+        names = self.resolve_hook_names(name)
+        self.hook_guard.check_change("add_hook")
+        handles = [self.hook_dict[n].add_hook(hook, dir=dir, is_permanent=is_permanent, level=level,
+                                              prepend=prepend) for n in names]
+        if not is_permanent and level is not None and 1 <= level <= len(self._hook_scopes):
+            self._hook_scopes[level - 1].extend(handles)
+        return handles
+
+    def add_perma_hook(self, name: NameOrFilter, hook: HookFn, dir: str = "fwd") -> list:
+        """A hook that survives ``reset_hooks()`` and every block's exit (TransformerLens's name)."""
+        return self.add_hook(name, hook, dir=dir, is_permanent=True)
+
+    def remove_all_hook_fns(self, direction: str = "both", including_permanent: bool = False,
+                            level: Optional[int] = None) -> None:
+        """Remove the non-permanent hooks (of ``level`` only, when given), or all with
+        ``including_permanent``, from every hook point."""
+        check_direction(direction)
+        check_level(level)
+        self.hook_guard.check_change("remove_all_hook_fns")
         for point in self.hook_dict.values():
-            point.remove_hooks(dir)
+            point.remove_hooks(direction, including_permanent=including_permanent, level=level)
+
+    def clear_contexts(self) -> None:
+        """Empty every hook point's ``ctx``."""
+        self.hook_guard.check_change("clear_contexts")
+        for point in self.hook_dict.values():
+            point.clear_context()
+
+    def reset_hooks(self, clear_contexts: bool = True, direction: str = "both", including_permanent: bool = False,
+                    level: Optional[int] = None, *, dir: Optional[str] = None) -> None:
+        """Remove hooks (TransformerLens's signature and defaults): every non-permanent hook (of
+        ``level`` only, when given), or every hook with ``including_permanent``; and, unless
+        ``clear_contexts=False``, empty every ``hook.ctx``. ``dir=`` is an alias of ``direction``."""
+        if not isinstance(clear_contexts, bool):
+            raise TypeError(f"reset_hooks's first argument is clear_contexts (True or False), got "
+                            f"{clear_contexts!r}; give the direction as direction={clear_contexts!r}")
+        if dir is not None:
+            if direction != "both" and direction != dir:
+                raise ValueError(f"reset_hooks got direction={direction!r} and dir={dir!r}; give one")
+            direction = dir
+        check_direction(direction)
+        check_level(level)
+        self.hook_guard.check_change("reset_hooks")
+        if clear_contexts:
+            self.clear_contexts()
+        self.remove_all_hook_fns(direction, including_permanent, level)
 
     @property
     def has_hooks(self) -> bool:
         return any(point.has_hooks for point in self.hook_dict.values())
 
     @contextmanager
-    def hooks(self, fwd_hooks: HookSpec = (), bwd_hooks: HookSpec = ()) -> Iterator["HookedRootModule"]:
-        """Attach hooks for the body of a ``with`` block, then remove exactly those."""
+    def hooks(self, fwd_hooks: HookSpec = (), bwd_hooks: HookSpec = (), reset_hooks_end: bool = True,
+              clear_contexts: bool = False) -> Iterator["HookedRootModule"]:
+        """Attach hooks for the body of a ``with`` block, then remove exactly those.
+
+        ``reset_hooks_end=False`` keeps them after a body that succeeds. ``clear_contexts=True``
+        also empties every ``hook.ctx`` when the hooks are removed (TransformerLens's meaning).
+        """
+        for flag, value in (("reset_hooks_end", reset_hooks_end), ("clear_contexts", clear_contexts)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{flag} must be True or False, got {value!r}")
         handles: list[HookHandle] = []
         with self.hook_guard.claim("a hooks() block"):
+            self._hook_scopes.append(handles)
+            level = len(self._hook_scopes)
+            succeeded = False
             try:
-                self._attach(fwd_hooks, bwd_hooks, handles)
+                self._attach(fwd_hooks, bwd_hooks, level)
                 yield self
+                succeeded = True
             finally:
-                for handle in reversed(handles):
-                    handle.remove()
+                self._hook_scopes.pop()
+                if reset_hooks_end or not succeeded:
+                    for handle in reversed(handles):
+                        handle.remove()
+                    if reset_hooks_end and clear_contexts:
+                        for point in self.hook_dict.values():
+                            point.clear_context()
 
     def run_with_hooks(self, *args, fwd_hooks: HookSpec = (), bwd_hooks: HookSpec = (),
-                       reset_hooks_end: bool = True, **kwargs):
-        """Run ``forward(*args, **kwargs)`` with hooks attached.
+                       reset_hooks_end: bool = True, clear_contexts: bool = False, **kwargs):
+        """Run ``forward(*args, **kwargs)`` with hooks attached (TransformerLens's signature).
 
         Backward hooks need the backward pass to happen while they are attached: pass
-        ``reset_hooks_end=False`` and call ``.backward()`` yourself, or use ``with model.hooks(...)``.
-        With ``reset_hooks_end=False`` the hooks stay attached (remove them with ``reset_hooks``).
+        ``reset_hooks_end=False`` and call ``.backward()`` yourself, or use ``with model.hooks(...)``
+        (a warning says so, as in TransformerLens). With ``reset_hooks_end=False`` the hooks stay
+        attached after a run that succeeds (remove them with ``reset_hooks``); a run that raises
+        removes them.
         """
-        if reset_hooks_end:
-            with self.hooks(fwd_hooks, bwd_hooks):
-                return self(*args, **kwargs)
-        handles: list[HookHandle] = []
-        with self.hook_guard.claim("run_with_hooks"):
-            try:
-                self._attach(fwd_hooks, bwd_hooks, handles)
-                return self(*args, **kwargs)
-            except BaseException:
-                # Kept hooks are the caller's only when the run succeeded.
-                for handle in reversed(handles):
-                    handle.remove()
-                raise
+        if bwd_hooks and reset_hooks_end:
+            warnings.warn("run_with_hooks removes its hooks when the forward returns, before any backward "
+                          "pass: these backward hooks cannot fire (pass reset_hooks_end=False, or use "
+                          "`with model.hooks(...)` around the backward)", UserWarning, stacklevel=2)
+        with self.hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts):
+            return self(*args, **kwargs)
 
-    def _attach(self, fwd_hooks: HookSpec, bwd_hooks: HookSpec, handles: list) -> None:
-        """Add every (name_or_filter, fn) pair, appending each handle to ``handles`` as it is made, so
-        the caller can remove exactly what was added even when a later pair fails."""
+    def _attach(self, fwd_hooks: HookSpec, bwd_hooks: HookSpec, level: int) -> None:
+        """Add every (name_or_filter, fn) pair at ``level``; each handle joins the open block's list
+        as it is made, so the block removes exactly what was added even when a later pair fails."""
         for specs, dir in ((fwd_hooks, "fwd"), (bwd_hooks, "bwd")):
             for name_or_filter, fn in _as_pairs(specs, dir):
-                handles += self.add_hook(name_or_filter, fn, dir=dir)
+                self.add_hook(name_or_filter, fn, dir=dir, level=level)
 
 
 def _as_pairs(specs: HookSpec, dir: str) -> Iterable[tuple]:
