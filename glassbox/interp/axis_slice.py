@@ -28,7 +28,7 @@ SliceInput = Optional[Union[int, Tuple[int], Tuple[int, int], Tuple[int, int, in
 class Slice:
     """Entries along one axis; ``apply(tensor, dim)`` picks them, ``indices(n)`` lists them."""
 
-    def __init__(self, input_slice: SliceInput = None):
+    def __init__(self, input_slice=None):  # SliceInput; checked here, so a bad one gets a clear error
         if isinstance(input_slice, bool) or isinstance(input_slice, np.bool_):
             raise ValueError(f"Slice takes an int, tuple, slice, list, array, tensor or None, got the bool "
                              f"{input_slice!r}")

@@ -47,7 +47,7 @@ _EXTRA_BLOCK_KINDS = {"mid": "mlp", "attn_in": "", "q_input": "", "k_input": "",
 _EXTRA_ALIASES = {"mlp_mid": "mid"}
 
 
-def get_act_name(name: str, layer=None, layer_type: Optional[str] = None) -> str:
+def get_act_name(name, layer=None, layer_type=None) -> str:
     """A hook name from TransformerLens's shorthand: ``("k", 6, "a")``, ``"k6"``, ``"scale4ln1"``, a full name."""
     if not isinstance(name, str):
         raise KeyError(f"activation name must be a string, got {name!r}")

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 MAP_BATCH = 1000  # datasets.map's default batch size, which fixes TransformerLens's groups
 
 
-def pack_documents(texts: Sequence[str], tokenizer, max_length: int = 1024, add_bos_token: bool = True) -> Tensor:
+def pack_documents(texts, tokenizer, max_length: int = 1024, add_bos_token: bool = True) -> Tensor:
     """One group of documents -> [rows max_length] int64 token rows (see the module docstring)."""
     seq_len = _seq_len(tokenizer, max_length, add_bos_token)
     if not texts:
@@ -94,7 +94,7 @@ class TokenRows(Dataset):
         return {"tokens": self.tokens[index]}
 
 
-def pack_texts(texts: Sequence[str], tokenizer, max_length: int = 1024, add_bos_token: bool = True,
+def pack_texts(texts, tokenizer, max_length: int = 1024, add_bos_token: bool = True,
                num_proc: Optional[int] = None) -> TokenRows:
     """A list of documents packed group by group, as TransformerLens would pack the same list as a
     ``datasets.Dataset`` with this ``num_proc``."""
