@@ -6,13 +6,18 @@ training text with the BOS in front). Pass ``prepend_bos=False`` to tokenize exa
 ``transformers`` does. Every method here (and ``forward`` on strings) applies the same rule.
 
 Lists of strings become a padded batch plus an attention mask; GPT-2's pad, BOS and EOS are one id,
-so the mask, never the token ids, says which positions are padding. Text is never truncated: an
-input longer than n_ctx is an error.
+so the mask, never the token ids, says which positions are padding. Text is not truncated unless
+asked (``truncate=True``): an input longer than n_ctx is an error.
 
 ``prepend_bos`` is True, False or None (the default): anything else, such as the string "False"
-(which is truthy), is a TypeError naming the value; ``padding_side`` is "left" or "right".
-A numpy array of ids reads as the tensor of the same shape: ``to_str_tokens`` of a [1 pos] array
-gives one flat list, like a [1 pos] tensor.
+(which is truthy), is a TypeError naming the value; ``padding_side`` is "left", "right" or None
+(the tokenizer's ``padding_side``, TransformerLens's default).
+
+``to_str_tokens``, ``to_string``, ``get_token_position`` and ``to_single_str_token`` take the inputs
+TransformerLens's methods of those names take and return the same shapes (see each docstring);
+decoding never cleans up spaces, so the pieces of a text join back to it. A numpy array of ids reads
+as the tensor of the same shape. Where TransformerLens asserts (a token not in the prompt, a string
+that is not one token), the error is a ``TokenInputError``: a ValueError and an AssertionError.
 """
 
 import functools
@@ -67,13 +72,17 @@ class TokenizerMixin:
         return bos
 
     def tokenize(
-        self, input: TextInput, prepend_bos: Optional[bool] = None, padding_side: str = "right"
+        self, input: TextInput, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = "right",
+        truncate: bool = False,
     ) -> tuple:
         """Text or list of texts -> (tokens [batch pos], attention_mask [batch pos] bool or None).
 
-        The mask is None when every row has the same length (nothing is padded).
+        The mask is None when every row has the same length (nothing is padded). A text longer than
+        n_ctx is an error, unless ``truncate``: then each row keeps its first n_ctx tokens (BOS
+        included), as TransformerLens's ``to_tokens`` does by default.
         """
-        check_padding_side(padding_side)
+        padding_side = self.resolve_padding_side(padding_side)
+        check_flag("truncate", truncate)
         texts = [input] if isinstance(input, str) else input
         if not isinstance(texts, (list, tuple)) or not texts or not all(isinstance(t, str) for t in texts):
             raise ValueError("text input must be a string or a non-empty list of strings")
@@ -81,6 +90,8 @@ class TokenizerMixin:
         rows = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
         if bos:
             rows = [[self.bos_token_id] + row for row in rows]
+        if truncate:
+            rows = [row[: self.cfg.n_ctx] for row in rows]
         for text, row in zip(texts, rows):
             if not row:
                 raise ValueError(f"text {text!r} tokenizes to no tokens")
@@ -100,40 +111,128 @@ class TokenizerMixin:
         return tokens.to(device), (None if bool(mask.all()) else mask.to(device))
 
     def to_tokens(self, input: TextInput, prepend_bos: Optional[bool] = None,
-                  padding_side: str = "right") -> Int[Tensor, "batch pos"]:
-        """Token ids [batch pos]; pads (if any) use ``pad_token_id``. Use ``tokenize`` for the mask."""
-        return self.tokenize(input, prepend_bos, padding_side)[0]
+                  padding_side: Optional[str] = "right", move_to_device: bool = True,
+                  truncate: bool = False) -> Int[Tensor, "batch pos"]:
+        """Token ids [batch pos]; pads (if any) use ``pad_token_id``. Use ``tokenize`` for the mask.
 
-    def to_str_tokens(self, input, prepend_bos: Optional[bool] = None) -> list:
-        """One string per token of a text, or of a 1-D sequence of ids (a [1 pos] tensor or array too)."""
-        if isinstance(input, np.ndarray):
-            input = torch.from_numpy(np.ascontiguousarray(input))
+        ``move_to_device=False`` leaves them on the CPU; ``truncate`` as in ``tokenize`` (off by
+        default here: TransformerLens truncates silently, glassbox refuses unless asked).
+        """
+        check_flag("move_to_device", move_to_device)
+        tokens = self.tokenize(input, prepend_bos, padding_side, truncate)[0]
+        return tokens if move_to_device else tokens.cpu()
+
+    def to_str_tokens(self, input, prepend_bos: Optional[bool] = None,
+                      padding_side: Optional[str] = "right") -> list:
+        """One string per token, with TransformerLens's shapes.
+
+        - a string: its tokens (BOS by the BOS policy), a flat list;
+        - a tensor or numpy array of ids whose shape squeezes to at most one axis ([pos], [1 pos],
+          [pos 1], [1 1 pos], a 0-d id): a flat list;
+        - a list: a list of strings, tensors or arrays gives one list per element (a list of lists);
+          a list of ints (which TransformerLens refuses) is one sequence, a flat list; [] gives [].
+        Each id is decoded alone, without clean-up of spaces, so the pieces join to the text.
+        """
         if isinstance(input, str):
-            ids = self.to_tokens(input, prepend_bos)[0].tolist()
-        elif isinstance(input, Tensor):
-            if input.ndim == 2 and input.shape[0] == 1:
-                input = input[0]
-            if input.ndim != 1:
-                raise ValueError(f"to_str_tokens takes one sequence, got a tensor of shape {tuple(input.shape)}")
-            ids = input.tolist()
+            ids = self.to_tokens(input, prepend_bos, padding_side)[0].tolist()
+        elif isinstance(input, (Tensor, np.ndarray)):
+            ids = self._flat_ids(input, "to_str_tokens")
+        elif isinstance(input, (list, tuple)):
+            if all(_is_id(x) for x in input):
+                ids = self._checked_ids([int(x) for x in input], "to_str_tokens")
+            elif all(isinstance(x, (str, Tensor, np.ndarray, list, tuple)) for x in input):
+                return [self.to_str_tokens(x, prepend_bos, padding_side) for x in input]
+            else:
+                raise ValueError("to_str_tokens takes a list of ids, or a list of strings or id sequences, "
+                                 f"got a list of {sorted({type(x).__name__ for x in input})}")
         else:
-            ids = list(input)
-        return [self.tokenizer.decode([i]) for i in ids]
+            raise ValueError(f"to_str_tokens takes a string, a list, or a tensor or numpy array of ids, "
+                             f"got {type(input).__name__}")
+        return self.tokenizer.batch_decode([[i] for i in ids], clean_up_tokenization_spaces=False)
 
     def to_string(self, tokens) -> Union[str, list]:
-        """Decode ids: a 1-D sequence -> str, a 2-D batch -> list of str."""
-        if isinstance(tokens, (Tensor, np.ndarray)):
-            tokens = tokens.tolist()
-        if tokens and isinstance(tokens[0], list):
-            return [self.tokenizer.decode(row) for row in tokens]
-        return self.tokenizer.decode(tokens)
+        """Decode ids without clean-up of spaces: an int, a list of ids or a tensor/array of rank 0 or
+        1 -> str; a rank-2 batch (or a list of equal-length lists) -> list of str."""
+        if _is_id(tokens):
+            tokens = [int(tokens)]
+        ids = _as_id_tensor(tokens, "to_string")
+        if ids.ndim > 2:
+            raise ValueError(f"to_string takes ids of rank 0, 1 or 2, got shape {tuple(ids.shape)}")
+        self._checked_ids(ids.flatten().tolist(), "to_string")
+        if ids.ndim == 2:
+            return self.tokenizer.batch_decode(ids.tolist(), clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(ids.reshape(-1).tolist(), clean_up_tokenization_spaces=False)
 
     def to_single_token(self, text: str) -> int:
         """The id of a string that is exactly one token (no BOS); an error otherwise."""
+        if not isinstance(text, str):
+            raise TypeError(f"to_single_token takes a string, got {type(text).__name__}")
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if len(ids) != 1:
-            raise ValueError(f"{text!r} is {len(ids)} tokens, not one: {ids}")
+            raise TokenInputError(f"{text!r} is {len(ids)} tokens, not one: {ids}")
         return ids[0]
+
+    def to_single_str_token(self, int_token: int) -> str:
+        """The string of one token id."""
+        if not _is_id(int_token):
+            raise TypeError(f"to_single_str_token takes one int token id, got {int_token!r}")
+        return self.to_str_tokens([int(int_token)])[0]
+
+    def get_token_position(self, single_token, input, mode: str = "first", prepend_bos: Optional[bool] = None,
+                           padding_side: Optional[str] = "right") -> int:
+        """Index of ``single_token`` (an id, a one-element tensor, or a string that is one token) in
+        ``input`` (a string, tokenized by the BOS policy, or one sequence of ids: [pos] or [1 pos]);
+        ``mode`` "first" or "last" picks among several. Absent: ``TokenInputError``."""
+        if mode not in ("first", "last"):
+            raise ValueError(f"mode must be 'first' or 'last', not {mode!r}")
+        if isinstance(input, str):
+            tokens = self.to_tokens(input, prepend_bos, padding_side)
+        else:
+            tokens = _as_id_tensor(input, "get_token_position")
+        if tokens.ndim == 2:
+            if tokens.shape[0] != 1:
+                raise TokenInputError(f"get_token_position searches one sequence: rank-2 tokens must have "
+                                      f"shape [1 pos], not {tuple(tokens.shape)}")
+            tokens = tokens[0]
+        if tokens.ndim != 1:
+            raise TokenInputError(f"get_token_position takes tokens [pos] or [1 pos], got {tuple(tokens.shape)}")
+        if isinstance(single_token, str):
+            single_token = self.to_single_token(single_token)
+        elif isinstance(single_token, (Tensor, np.ndarray)):
+            count = single_token.size if isinstance(single_token, np.ndarray) else single_token.numel()
+            if count != 1:
+                raise TokenInputError(f"single_token must be one id, got a tensor of shape {tuple(single_token.shape)}")
+            single_token = single_token.item()
+        if not _is_id(single_token):
+            raise TypeError(f"single_token must be a token id, a one-element tensor or a string, got {single_token!r}")
+        where = (tokens == int(single_token)).nonzero()[:, 0]
+        if where.numel() == 0:
+            raise TokenInputError(f"token {int(single_token)} does not occur in the prompt (of {tokens.shape[0]} tokens)")
+        return int(where[0] if mode == "first" else where[-1])
+
+    def resolve_padding_side(self, padding_side: Optional[str]) -> str:
+        """``padding_side`` checked; None means the tokenizer's (TransformerLens's default), else "right"."""
+        if padding_side is None:
+            tok = self._tokenizer
+            padding_side = getattr(tok, "padding_side", "right") if tok is not None else "right"
+        check_padding_side(padding_side)
+        return padding_side
+
+    def _flat_ids(self, ids, what: str) -> list:
+        """The ids of a tensor/array whose shape squeezes to at most one axis, as a list of ints."""
+        ids = _as_id_tensor(ids, what)
+        flat = ids.squeeze()
+        if flat.ndim > 1:
+            raise ValueError(f"{what} takes one sequence of ids ([pos], [1 pos] or any shape with one axis "
+                             f"over 1), got shape {tuple(ids.shape)}")
+        return self._checked_ids(flat.reshape(-1).tolist(), what)
+
+    def _checked_ids(self, ids: list, what: str) -> list:
+        size = len(self.tokenizer)
+        for i in ids:
+            if not 0 <= i < size:
+                raise ValueError(f"{what}: token id {i} is outside the tokenizer's [0, {size})")
+        return ids
 
     @property
     def pad_token_id(self) -> int:
@@ -146,3 +245,33 @@ class TokenizerMixin:
 
     def cfg_device(self) -> torch.device:
         return next(self.parameters()).device
+
+
+class TokenInputError(ValueError, AssertionError):
+    """A token that is not there, or tokens of the wrong kind. Both a ValueError and an
+    AssertionError: TransformerLens asserts in these cases, so code catching either still works."""
+
+
+def _is_id(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _as_id_tensor(ids, what: str) -> Tensor:
+    """An integer tensor (CPU or not) from a tensor, numpy array or (nested) list of ids."""
+    if isinstance(ids, np.ndarray):
+        ids = torch.from_numpy(np.ascontiguousarray(ids))
+    elif isinstance(ids, (list, tuple)):
+        if not len(ids):
+            return torch.zeros(0, dtype=torch.long)
+        try:
+            array = np.asarray(ids)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{what} takes ids as a rectangular list of ints: {err}") from None
+        if not np.issubdtype(array.dtype, np.integer):
+            raise ValueError(f"{what} takes ids as a rectangular list of ints, got values of dtype {array.dtype}")
+        ids = torch.from_numpy(np.ascontiguousarray(array))
+    if not isinstance(ids, Tensor):
+        raise ValueError(f"{what} takes token ids (an int, a list, a tensor or a numpy array), got {type(ids).__name__}")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"{what} takes integer token ids, got dtype {ids.dtype}")
+    return ids
