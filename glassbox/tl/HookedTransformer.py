@@ -148,38 +148,62 @@ class HookedTransformer(_GlassboxTransformer):
         else:
             official = get_official_model_name(model_name)
             base = load(official, device=where, dtype=dtype, tokenizer=tokenizer)
-        gcfg = base.cfg
+        return cls.from_glassbox(base, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                                 center_unembed=center_unembed, fold_value_biases=fold_value_biases,
+                                 refactor_factored_attn_matrices=refactor_factored_attn_matrices,
+                                 default_prepend_bos=default_prepend_bos, default_padding_side=default_padding_side,
+                                 move_to_device=move_to_device, model_name=str(official),
+                                 tokenizer_name=official if official in GPT2_TOKENIZER_NAMES else None)
+
+    @classmethod
+    def from_glassbox(cls, model: _GlassboxTransformer, fold_ln: bool = True, center_writing_weights: bool = True,
+                      center_unembed: bool = True, refactor_factored_attn_matrices: bool = False,
+                      fold_value_biases: bool = True, default_prepend_bos: Optional[bool] = None,
+                      default_padding_side: Optional[str] = "right", move_to_device: bool = True,
+                      model_name: Optional[str] = None, tokenizer_name: Optional[str] = None) -> "HookedTransformer":
+        """This class's model of a glassbox model's weights, processed as ``from_pretrained`` processes
+        them (same defaults); on the glassbox model's device and dtype. The model passed in is unchanged."""
+        from ..weights.architectures import architecture_of_config
+        from ..weights.processing import process_state_dict
+
+        gcfg = model.cfg.glassbox if isinstance(model.cfg, HookedTransformerConfig) else model.cfg
+        if model.processing:
+            raise ValueError(f"the model's weights are processed already ({', '.join(model.processing)}); "
+                             "pass a model with its original weights")
         if gcfg.norm_placement != "pre" and (fold_ln or center_writing_weights):
-            warnings.warn(f"{model_name} is a post-norm model: fold_ln and center_writing_weights do not apply to it "
-                          "and are skipped (as TransformerLens does for post-norm architectures)", stacklevel=2)
+            warnings.warn(f"{gcfg.model_name} is a post-norm model: fold_ln and center_writing_weights do not apply "
+                          "to it and are skipped (as TransformerLens does for post-norm architectures)", stacklevel=3)
             fold_ln = center_writing_weights = False
         layer_norm = gcfg.normalization == "LN"
         steps = []
         if fold_ln:
             steps += ["fold_ln"] + (["center_reader_weights"] if layer_norm else [])
-        if center_writing_weights and layer_norm:
+        if center_writing_weights and layer_norm:  # TransformerLens centres for LayerNorm only
             steps.append("center_writing_weights")
         for name, chosen in (("center_unembed", center_unembed), ("fold_value_biases", fold_value_biases),
                              ("refactor_factored_attn_matrices", refactor_factored_attn_matrices)):
             if chosen:
                 steps.append(name)
-        state, gcfg = process_state_dict({k: v.detach() for k, v in base.state_dict().items()}, gcfg, steps)
-        from ..weights.architectures import architecture_of_config
-
-        tl_fields = dict(
-            normalization_type=gcfg.normalization + ("Pre" if fold_ln else ""), dtype=dtype, device=str(where),
-            original_architecture=HF_ARCHITECTURES.get(architecture_of_config(gcfg).model_type),
-            tokenizer_name=official if isinstance(official, str) and official in GPT2_TOKENIZER_NAMES else None,
-            model_name=str(model_name), init_weights=False, layer_norm_folding=fold_ln)
+        try:
+            architecture = HF_ARCHITECTURES.get(architecture_of_config(gcfg).model_type)
+        except ValueError:
+            architecture = None  # a glassbox-only combination: no Hugging Face class
+        state, gcfg = process_state_dict({k: v.detach() for k, v in model.state_dict().items()}, gcfg, steps)
+        if model_name is not None:
+            gcfg = gcfg.replace(model_name=model_name)
+        first = next(model.parameters())
+        tl_fields = dict(normalization_type=gcfg.normalization + ("Pre" if fold_ln else ""), dtype=first.dtype,
+                         device=str(first.device), original_architecture=architecture, tokenizer_name=tokenizer_name,
+                         init_weights=False, layer_norm_folding=fold_ln)
         if default_prepend_bos is not None:
             tl_fields["default_prepend_bos"] = default_prepend_bos
-        tl_cfg = HookedTransformerConfig.from_glassbox(gcfg.replace(model_name=str(model_name)), **tl_fields)
-        model = cls(tl_cfg, tokenizer=base.tokenizer, move_to_device=move_to_device,
-                    default_padding_side=default_padding_side)
-        model.load_state_dict(state, strict=True)
-        model.cfg._values["init_weights"] = True
-        model.processing = tuple(steps)
-        return model.eval()
+        tl_cfg = HookedTransformerConfig.from_glassbox(gcfg, **tl_fields)
+        out = cls(tl_cfg, tokenizer=model._tokenizer, move_to_device=move_to_device,
+                  default_padding_side=default_padding_side)
+        out.load_state_dict(state, strict=True)
+        out.cfg._values["init_weights"] = True
+        out.processing = tuple(steps)
+        return out.eval()
 
     @classmethod
     def from_pretrained_no_processing(cls, model_name: str, fold_ln: bool = False, center_writing_weights: bool = False,
