@@ -17,7 +17,14 @@ Contract:
   ``do_sample="False"`` is refused, not read as True.
 - A row that emits ``eos_token_id`` is finished: it keeps receiving that id (GPT-2's pad) while the
   others continue, and decoding stops early once every row is finished. ``eos_token_id=...`` (the
-  default) means the tokenizer's EOS when the model has a tokenizer, otherwise none.
+  default) means the tokenizer's EOS when the model has a tokenizer, otherwise none. A list of ids
+  stops a row at any of them; finished rows then receive the tokenizer's EOS when it has one, else
+  the list's first id (TransformerLens's rule).
+- ``freq_penalty`` (sampling only) subtracts ``freq_penalty * count`` from each token's tempered
+  logit, counting the real tokens of the row so far (prompt and new; pads are not counted, where
+  TransformerLens counts them). ``verbose`` shows a tqdm progress bar over the steps.
+- ``generate_tl_style`` is TransformerLens's ``HookedTransformer.generate`` (its argument names,
+  defaults and return types) in terms of ``generate``.
 
 Footgun: ``logits[:, -1]`` of a right-padded batch reads a pad; use ``get_last_token_logits``.
 """
@@ -58,11 +65,15 @@ def get_last_token_logits(logits: Float[Tensor, "batch pos d_vocab"],
 
 def sample_next(logits: Float[Tensor, "batch d_vocab"], do_sample: bool = False, temperature: float = 1.0,
                 top_k: Optional[int] = None, top_p: Optional[float] = None,
-                generator: Optional[torch.Generator] = None) -> Int[Tensor, "batch"]:
-    """The next token of each row: argmax, or a draw after temperature, top-k and top-p."""
+                generator: Optional[torch.Generator] = None,
+                penalty: Optional[Float[Tensor, "batch d_vocab"]] = None) -> Int[Tensor, "batch"]:
+    """The next token of each row: argmax, or a draw after temperature, ``penalty`` (subtracted from
+    the tempered logits), top-k and top-p."""
     if not do_sample:
         return logits.argmax(-1)
     logits = logits.float() / temperature
+    if penalty is not None:
+        logits = logits - penalty
     if top_k is not None:
         kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -80,23 +91,26 @@ def generate(model, input: Union[str, list, Integer[Tensor, "batch pos"], np.nda
              temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
              eos_token_id=..., seed: Optional[int] = None, use_past_kv_cache: bool = True,
              attention_mask: Union[Tensor, np.ndarray, list, None] = None, prepend_bos: Optional[bool] = None,
-             padding_side: str = "left", output_logits: bool = False):
+             padding_side: str = "left", output_logits: bool = False, freq_penalty: float = 0.0,
+             verbose: bool = False):
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
     Returns token ids [batch pos + new] (prompt, padding included, then the new tokens), or
     (tokens, logits [batch new d_vocab]) with ``output_logits``: the logits each new token was
-    chosen from, before temperature.
+    chosen from, before temperature and penalty.
     """
     _check_options(max_new_tokens, temperature, top_k, top_p)
     for name, flag in (("do_sample", do_sample), ("use_past_kv_cache", use_past_kv_cache),
-                       ("output_logits", output_logits)):
+                       ("output_logits", output_logits), ("verbose", verbose)):
         check_flag(name, flag)
+    _check_penalty(freq_penalty, do_sample)
     tokens, mask = model.input_to_tokens(input, attention_mask, prepend_bos, padding_side)
     model.check_tokens(tokens)
     if tokens.shape[1] + max_new_tokens > model.cfg.n_ctx:
         raise ValueError(f"{tokens.shape[1]} prompt tokens + max_new_tokens={max_new_tokens} exceed "
                          f"n_ctx={model.cfg.n_ctx}")
-    eos = _eos_id(model, eos_token_id)
+    stops, eos = _eos_ids(model, eos_token_id)
+    counts = _token_counts(tokens, mask, model.cfg.d_vocab) if freq_penalty else None
     generator = torch.Generator(device=tokens.device).manual_seed(seed) if seed is not None else None
     points = list(model.hook_dict.values())
     kv = KVCache(model.cfg.n_layers) if use_past_kv_cache else None
@@ -106,7 +120,7 @@ def generate(model, input: Union[str, list, Integer[Tensor, "batch pos"], np.nda
     with model.hook_guard.claim("generate"):
         try:
             with torch.no_grad():
-                for step in range(max_new_tokens):
+                for step in _steps(max_new_tokens, verbose):
                     for point in points:
                         point.ctx["step"] = step
                     if kv is None:
@@ -116,14 +130,17 @@ def generate(model, input: Union[str, list, Integer[Tensor, "batch pos"], np.nda
                     else:
                         last = model(out[:, -1:], past_kv_cache=kv)[:, -1]
                     step_logits.append(last)
-                    new = sample_next(last, do_sample, temperature, top_k, top_p, generator)
-                    if eos is not None:
+                    penalty = freq_penalty * counts if counts is not None else None
+                    new = sample_next(last, do_sample, temperature, top_k, top_p, generator, penalty)
+                    if stops is not None:
                         new = torch.where(finished, torch.full_like(new, eos), new)
-                        finished |= new == eos
+                        finished |= torch.isin(new, stops)
+                    if counts is not None:
+                        counts[torch.arange(len(new), device=new.device), new] += 1
                     out = torch.cat([out, new[:, None]], dim=1)
                     if full_mask is not None:
                         full_mask = torch.cat([full_mask, torch.ones_like(full_mask[:, :1])], dim=1)
-                    if eos is not None and bool(finished.all()):
+                    if stops is not None and bool(finished.all()):
                         break
         finally:
             for point in points:
@@ -146,11 +163,123 @@ def _check_options(max_new_tokens, temperature, top_k, top_p) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
 
 
-def _eos_id(model, eos_token_id) -> Optional[int]:
-    if eos_token_id is not ...:
-        return eos_token_id
+def _check_penalty(freq_penalty, do_sample: bool) -> None:
+    if isinstance(freq_penalty, bool) or not isinstance(freq_penalty, (int, float)) or not freq_penalty >= 0:
+        raise ValueError(f"freq_penalty must be a number >= 0, got {freq_penalty!r}")
+    if freq_penalty and not do_sample:
+        raise ValueError(f"freq_penalty={freq_penalty!r} acts on sampling; with do_sample=False it would be "
+                         "ignored (as TransformerLens ignores it): pass do_sample=True or freq_penalty=0")
+
+
+def _steps(n: int, verbose: bool):
+    if not verbose:
+        return range(n)
+    from tqdm import tqdm
+
+    return tqdm(range(n))
+
+
+def _token_counts(tokens: Tensor, mask: Optional[Tensor], d_vocab: int) -> Tensor:
+    """[batch d_vocab] float: how often each id occurs among each row's real tokens."""
+    weights = torch.ones(tokens.shape, device=tokens.device) if mask is None else mask.float()
+    counts = torch.zeros(tokens.shape[0], d_vocab, device=tokens.device)
+    return counts.scatter_add_(1, tokens.long(), weights)
+
+
+def _tokenizer_eos(model) -> Optional[int]:
     try:
         tokenizer = model.tokenizer
     except ValueError:
         return None
     return tokenizer.eos_token_id
+
+
+def _eos_ids(model, eos_token_id) -> tuple:
+    """(the stop ids as a tensor or None, the id finished rows receive)."""
+    if eos_token_id is ...:
+        eos_token_id = _tokenizer_eos(model)
+    if eos_token_id is None:
+        return None, None
+    device = model.cfg_device()
+    if isinstance(eos_token_id, (int, np.integer)) and not isinstance(eos_token_id, (bool, np.bool_)):
+        ids = [int(eos_token_id)]
+    elif isinstance(eos_token_id, (list, tuple)) and eos_token_id and all(
+            isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)) for i in eos_token_id):
+        ids = [int(i) for i in eos_token_id]
+    else:
+        raise ValueError(f"eos_token_id must be a token id, a non-empty list of ids, None or ..., got {eos_token_id!r}")
+    for i in ids:
+        if not 0 <= i < model.cfg.d_vocab:
+            raise ValueError(f"eos_token_id {i} is outside [0, d_vocab={model.cfg.d_vocab})")
+    pad = ids[0]
+    if len(ids) > 1:
+        tokenizer_eos = _tokenizer_eos(model)
+        pad = tokenizer_eos if tokenizer_eos is not None else ids[0]
+    return torch.tensor(ids, device=device), pad
+
+
+TL_RETURN_TYPES = ("input", "str", "tokens", "embeds")
+
+
+def generate_tl_style(model, input: Union[str, list, Tensor] = "", max_new_tokens: int = 10, stop_at_eos: bool = True,
+                      eos_token_id=None, do_sample: bool = True, top_k: Optional[int] = None,
+                      top_p: Optional[float] = None, temperature: float = 1.0, freq_penalty: float = 0.0,
+                      use_past_kv_cache: bool = True, prepend_bos: Optional[bool] = None,
+                      padding_side: Optional[str] = None, return_type: Optional[str] = "input",
+                      verbose: bool = True, **generation_kwargs):
+    """TransformerLens's ``HookedTransformer.generate``: its names, defaults and return types.
+
+    - ``return_type``: "input" (text in -> text out, token ids [batch pos] in -> ids out), "str"
+      (each row decoded without special tokens: one string for one row, else a list), "tokens"
+      (ids [batch pos + new], the prompt included) or "embeds" (``model.embed`` of those ids
+      [batch pos + new d_model], no positions, hooks not run).
+    - ``stop_at_eos``: stop at ``eos_token_id`` (an id or a list of ids; None: the tokenizer's EOS,
+      an error without one); finished rows are padded with the EOS. ``temperature=0`` or
+      ``do_sample=False`` is greedy. ``top_k`` wins over ``top_p`` when both are given, as there.
+    - A list of several strings is padded on the left (TransformerLens forces it); one string or
+      token ids use ``padding_side`` (None: the tokenizer's).
+    - ``output_logits=True`` (the one ``generation_kwargs`` key, as there) returns a
+      ``transformers`` ``GenerateDecoderOnlyOutput`` with ``sequences`` and ``logits`` (a tuple of
+      [batch d_vocab], one per new token); other keys are refused by name.
+    Not supported: embeddings [batch pos d_model] as input (refused). Sampling draws from torch's
+    global generator, as TransformerLens does, though not the same draws.
+    """
+    output_logits = generation_kwargs.pop("output_logits", False)
+    generation_kwargs.pop("return_dict_in_generate", None)
+    if generation_kwargs:
+        raise TypeError(f"generate got unsupported arguments {sorted(generation_kwargs)}; the supported "
+                        "generation keyword is output_logits")
+    if return_type not in TL_RETURN_TYPES:
+        raise ValueError(f"return_type must be one of {list(TL_RETURN_TYPES)}, got {return_type!r}")
+    for name, flag in (("stop_at_eos", stop_at_eos), ("do_sample", do_sample), ("output_logits", output_logits)):
+        check_flag(name, flag)
+    if isinstance(input, (Tensor, np.ndarray)) and input.ndim == 3:
+        raise ValueError("generate from embeddings [batch pos d_model] is not supported; pass text or token ids")
+    text = isinstance(input, (str, list))
+    if return_type == "input":
+        return_type = "str" if text else "tokens"
+    if isinstance(input, list) and len(input) > 1:
+        padding_side = "left"
+    eos = None
+    if stop_at_eos:
+        eos = eos_token_id if eos_token_id is not None else _tokenizer_eos(model)
+        if eos is None:
+            raise ValueError("stop_at_eos=True needs an eos_token_id: the model has no tokenizer with an EOS")
+    greedy = not do_sample or temperature == 0
+    result = generate(model, input, max_new_tokens, do_sample=not greedy, temperature=1.0 if greedy else temperature,
+                      top_k=None if greedy else top_k, top_p=None if greedy or top_k is not None else top_p,
+                      eos_token_id=eos, use_past_kv_cache=use_past_kv_cache, prepend_bos=prepend_bos,
+                      padding_side=model.resolve_padding_side(padding_side), output_logits=output_logits,
+                      freq_penalty=0.0 if greedy else freq_penalty, verbose=verbose)
+    tokens, logits = result if output_logits else (result, None)
+    if output_logits:
+        from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+        return GenerateDecoderOnlyOutput(sequences=tokens, logits=tuple(logits.unbind(1)))
+    if return_type == "tokens":
+        return tokens
+    if return_type == "embeds":
+        with torch.no_grad():
+            return model.embed(tokens)
+    texts = [model.tokenizer.decode(row, skip_special_tokens=True) for row in tokens.tolist()]
+    return texts[0] if len(texts) == 1 else texts
