@@ -144,7 +144,9 @@ class HookedRootModule(nn.Module):
         for point in self.hook_dict.values():
             point.clear_context()
 
-    def reset_hooks(self, clear_contexts: bool = True, direction: str = "both", including_permanent: bool = False,
+    # clear_contexts is left unannotated so that a direction passed first (glassbox's earlier
+    # reset_hooks("fwd")) meets the error below, which says what to write instead.
+    def reset_hooks(self, clear_contexts=True, direction: str = "both", including_permanent: bool = False,
                     level: Optional[int] = None, *, dir: Optional[str] = None) -> None:
         """Remove hooks (TransformerLens's signature and defaults): every non-permanent hook (of
         ``level`` only, when given), or every hook with ``including_permanent``; and, unless
