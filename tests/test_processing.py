@@ -16,8 +16,9 @@ import torch
 from conftest import TINY, make_hf_gpt2
 from glassbox.models import HookedTransformer, preset_config
 from glassbox.weights import from_pretrained, save_pretrained
-from glassbox.weights.processing import (STEPS, center_unembed, center_writing_weights, fold_ln,
-                                         fold_value_biases, process)
+from glassbox.weights.processing import (ALL_STEPS, STEPS, center_reader_weights, center_unembed,
+                                         center_writing_weights, fold_ln, fold_value_biases, process,
+                                         process_state_dict, refactor_factored_attn_matrices)
 
 ALL = dict.fromkeys(STEPS, True)
 
@@ -146,6 +147,91 @@ def test_from_pretrained_opts_in_and_records(tmp_path, tokens):
     assert_same_predictions(plain, folded, tokens, 3e-5, logits_shift_allowed=False)  # see the small-shape test
     with pytest.raises(TypeError, match="unexpected options for from_pretrained: fold_layernorm"):
         from_pretrained(tmp_path, fold_layernorm=True)
+
+
+# -- center_reader_weights and refactor_factored_attn_matrices ---------------------------------
+def test_center_reader_weights_centres_every_reader_and_keeps_predictions(tiny64, tokens):
+    folded = process(tiny64, fold_ln=True)
+    centred = process(folded, center_reader_weights=True)
+    assert centred.processing == ("fold_ln", "center_reader_weights")
+    readers = {"attn.W_Q": 1, "attn.W_K": 1, "attn.W_V": 1, "mlp.W_in": 0}
+    for L, block in enumerate(centred.blocks):
+        for name, axis in readers.items():
+            W = getattr(getattr(block, name.split(".")[0]), name.split(".")[1]).detach()
+            # measured 2.8e-18 (values up to 0.087), bound 3e-17: 11x
+            assert float(W.mean(axis).abs().max()) <= 3e-17, f"blocks.{L}.{name}"
+            before = getattr(getattr(folded.blocks[L], name.split(".")[0]), name.split(".")[1]).detach()
+            assert float((W - before).abs().max()) > 1e-3, f"blocks.{L}.{name} was already centred"
+    # measured 2.1e-18 (values up to 0.078), bound 3e-17: 14x
+    assert float(centred.W_U.detach().mean(0).abs().max()) <= 3e-17
+    assert_same_predictions(tiny64, centred, tokens, 1e-12, logits_shift_allowed=False)
+
+
+def test_center_reader_weights_refuses_unfolded_norms_and_rms(tiny64):
+    with pytest.raises(ValueError, match="needs folded norms.*blocks.0.ln1 has other values: apply fold_ln first"):
+        center_reader_weights(tiny64.state_dict(), tiny64.cfg)
+    rms = HookedTransformer(preset_config("modern", d_model=22, n_layers=2, n_heads=2, d_head=6, d_vocab=29, n_ctx=19))
+    with pytest.raises(ValueError, match="center_reader_weights relies on LayerNorm.*'RMS'"):
+        process(rms, fold_ln=True, center_reader_weights=True)
+
+
+def _effective(W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[head d_model+1 d_head]: the weights with the bias as the row of an input that is always 1."""
+    return torch.cat([W, b[:, None, :]], dim=1)
+
+
+def test_refactor_keeps_every_circuit_and_makes_the_factors_even(tiny64, tokens):
+    refactored = process(tiny64, refactor_factored_attn_matrices=True)
+    assert refactored.processing == ("refactor_factored_attn_matrices",)
+    for L, (old, new) in enumerate(zip(tiny64.blocks, refactored.blocks)):
+        old, new = old.attn, new.attn
+        old = type("Weights", (), {k: getattr(old, k).detach() for k in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")})
+        new = type("Weights", (), {k: getattr(new, k).detach() for k in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")})
+        qk_old = _effective(old.W_Q, old.b_Q) @ _effective(old.W_K, old.b_K).transpose(1, 2)
+        qk_new = _effective(new.W_Q, new.b_Q) @ _effective(new.W_K, new.b_K).transpose(1, 2)
+        # measured 3.4e-16 (values up to 0.73), bound 5e-15: 15x
+        torch.testing.assert_close(qk_new, qk_old, atol=5e-15, rtol=0, msg=f"layer {L} QK with biases")
+        # measured 9.7e-18 (values up to 0.0019), bound 1e-16: 10x
+        torch.testing.assert_close(new.W_V @ new.W_O, old.W_V @ old.W_O, atol=1e-16, rtol=0, msg=f"layer {L} OV")
+        torch.testing.assert_close(new.b_O, old.b_O + torch.einsum("he,hed->d", old.b_V, old.W_O), atol=0, rtol=0)
+        assert not new.b_V.any()
+        eye = torch.eye(new.W_O.shape[1], dtype=new.W_O.dtype).expand(new.W_O.shape[0], -1, -1)
+        # W_O has orthonormal rows; W_V's columns and W_Q's, W_K's are orthogonal; Q and K share each norm.
+        # measured 1.8e-15, bound 2e-14: 11x
+        torch.testing.assert_close(new.W_O @ new.W_O.transpose(1, 2), eye, atol=2e-14, rtol=0)
+        gram = new.W_V.transpose(1, 2) @ new.W_V
+        # measured 1.2e-20 (diagonal up to 3.6e-5), bound 2e-19: 16x
+        torch.testing.assert_close(gram, torch.diag_embed(torch.diagonal(gram, dim1=1, dim2=2)), atol=2e-19, rtol=0)
+        q, k = _effective(new.W_Q, new.b_Q), _effective(new.W_K, new.b_K)
+        # measured 3.3e-16 (norms up to 0.19), bound 5e-15: 15x
+        torch.testing.assert_close(q.norm(dim=1), k.norm(dim=1), atol=5e-15, rtol=0)
+    assert_same_predictions(tiny64, refactored, tokens, 1e-12, logits_shift_allowed=False)
+
+
+def test_refactor_without_biases_and_its_refusal(tokens):
+    cfg = preset_config("gpt2", d_model=22, n_layers=2, n_heads=2, d_head=6, d_vocab=29, n_ctx=19, use_bias=False)
+    torch.manual_seed(0)
+    model = HookedTransformer(cfg, dtype=torch.float64)
+    refactored = process(model, refactor_factored_attn_matrices=True)
+    assert "blocks.0.attn.b_Q" not in refactored.state_dict()
+    assert_same_predictions(model, refactored, tokens, 1e-12, logits_shift_allowed=False)
+    rotary = HookedTransformer(preset_config("modern", d_model=22, n_layers=2, n_heads=2, d_head=6, d_vocab=29,
+                                             n_ctx=19))
+    with pytest.raises(ValueError, match="refactor_factored_attn_matrices is not exact with positional='rotary'"):
+        refactor_factored_attn_matrices(rotary.state_dict(), rotary.cfg)
+
+
+def test_process_state_dict_applies_every_step_in_order(tiny64, tokens):
+    sd, cfg = process_state_dict(tiny64.state_dict(), tiny64.cfg, list(reversed(ALL_STEPS)))
+    model = HookedTransformer(cfg, init=False, dtype=torch.float64)
+    model.load_state_dict(sd)
+    assert_same_predictions(tiny64, model, tokens, 1e-12, logits_shift_allowed=True)
+    by_process = process(tiny64, **dict.fromkeys(ALL_STEPS, True))
+    assert by_process.processing == ALL_STEPS
+    for key, value in by_process.state_dict().items():
+        assert torch.equal(sd[key], value), key
+    with pytest.raises(ValueError, match="unknown processing step.*'fold_layernorm'"):
+        process_state_dict(tiny64.state_dict(), tiny64.cfg, ["fold_layernorm"])
 
 
 # -- GPT-2-small shape ---------------------------------------------------------------------------
