@@ -294,3 +294,12 @@ def test_evaluate_on_dataset_equals_transformer_lens(pair):
     theirs = tl_evals.evaluate_on_dataset(twin, loader, truncate=2, device="cpu")
     # measured 0 (loss 11.2: the same per-batch means), bound 1e-5
     assert abs(ours - theirs) < 1e-5
+
+
+def test_hub_loader_reads_the_cache_only_and_says_how_to_give_local_text(monkeypatch, tmp_path):
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path))  # an empty cache
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path))
+    before = datasets.config.HF_HUB_OFFLINE
+    with pytest.raises(FileNotFoundError, match=r"'NeelNanda/pile-10k'.*does not download.*make_text_data_loader"):
+        gb_evals.make_pile_data_loader(fresh_tokenizer())
+    assert datasets.config.HF_HUB_OFFLINE == before  # the offline switch is put back
