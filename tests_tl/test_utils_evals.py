@@ -156,8 +156,8 @@ def documents(n: int) -> list:
 
 @pytest.mark.parametrize("n_docs,max_length,add_bos,num_proc,pad", [
     (2300, 17, True, None, True),    # three map batches: each one's remainder is dropped
-    (2300, 33, False, 3, False),     # three shards of batches
-    (5, 1024, True, 10, True),       # fewer documents than processes; shorter than one row: padded
+    (2300, 33, False, 2, False),     # two shards of 1150: batches of 1000 and 150 in each
+    (2, 1024, True, 3, True),        # fewer documents than processes; each shorter than a row: padded
     (5, 1024, False, None, False),   # padded with EOS where the tokenizer has no pad token
 ])
 def test_tokenize_and_concatenate_equals_transformer_lens(n_docs, max_length, add_bos, num_proc, pad):
@@ -267,11 +267,11 @@ def test_ioi_eval_equals_transformer_lens(pair):
     model, twin = pair
     tok = fresh_tokenizer()
     names = ["Elizabeth", "Jane", "Mary", "John", "Charlotte"]
-    ours = gb_evals.ioi_eval(model, gb_evals.IOIDataset(tok, names=names, num_samples=24, seed=1), batch_size=5)
-    theirs = tl_evals.ioi_eval(twin, tl_evals.IOIDataset(tok, names=names, num_samples=24, seed=1), batch_size=5)
+    ours = gb_evals.ioi_eval(model, gb_evals.IOIDataset(tok, names=names, num_samples=12, seed=1), batch_size=5)
+    theirs = tl_evals.ioi_eval(twin, tl_evals.IOIDataset(tok, names=names, num_samples=12, seed=1), batch_size=5)
     assert ours.keys() == theirs.keys()
     assert ours["Accuracy"] == theirs["Accuracy"]
-    # measured 1.5e-7 (mean logit difference 0.046 of logits up to ~5), bound 5e-6: 34x
+    # measured 1.9e-7 (mean logit difference -0.46; no prompt's within 0.26 of 0), bound 5e-6: 26x
     assert abs(ours["Logit Difference"] - theirs["Logit Difference"]) < 5e-6
 
 

@@ -74,11 +74,12 @@ class IOIScores:
 
     @property
     def mean_logit_diff(self) -> float:
-        return float(self.logit_diffs.mean())
+        return float(self.logit_diffs.double().mean())
 
     @property
     def accuracy(self) -> float:
-        return float((self.logit_diffs > 0).float().mean())
+        """The fraction of prompts with logit(IO) > logit(S), as a Python fraction (count / n)."""
+        return int((self.logit_diffs > 0).sum()) / len(self.logit_diffs)
 
 
 def ioi_target(item: dict) -> Tuple[int, int, int]:
