@@ -284,6 +284,16 @@ def test_hf_datasets_paths_without_datasets_say_what_to_do(monkeypatch):
 
     with pytest.raises(ImportError, match="'wikitext'.*pip install datasets.*make_text_data_loader"):
         evals.make_wiki_data_loader(gpt2_tokenizer())
+    with pytest.raises(ImportError, match="'NeelNanda/pile-10k'"):
+        utils.get_dataset("pile")
+    with pytest.raises(ValueError, match="not supported.*openwebtext"):
+        utils.get_dataset("books")
+
+
+def test_manually_prepended_bos():
+    assert utils.get_input_with_manually_prepended_bos("<s>", "Hi") == "<s>Hi"
+    assert utils.get_input_with_manually_prepended_bos("<s>", ["a", "b"]) == ["<s>a", "<s>b"]
+    assert utils.get_input_with_manually_prepended_bos(None, "Hi") == "Hi"
 
 
 def test_download_file_from_hf_reads_the_cache_only(monkeypatch, tmp_path):

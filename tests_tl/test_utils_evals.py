@@ -303,3 +303,9 @@ def test_hub_loader_reads_the_cache_only_and_says_how_to_give_local_text(monkeyp
     with pytest.raises(FileNotFoundError, match=r"'NeelNanda/pile-10k'.*does not download.*make_text_data_loader"):
         gb_evals.make_pile_data_loader(fresh_tokenizer())
     assert datasets.config.HF_HUB_OFFLINE == before  # the offline switch is put back
+
+
+def test_manually_prepended_bos_equals_transformer_lens():
+    for bos, text in (("<|endoftext|>", "Hi"), ("<s>", ["a", "b c"]), (None, "x"), (None, ["y"])):
+        assert gb_utils.get_input_with_manually_prepended_bos(bos, text) == \
+            tl_utils.get_input_with_manually_prepended_bos(bos, text)

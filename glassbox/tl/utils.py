@@ -29,13 +29,14 @@ from ..interp.token_masks import pad_attention_mask, remove_bos
 from ..models.mlp import gelu_new
 from ..models.transformer import lm_loss
 from ..train import param_init
-from ..train.datasets import keep_column, pack_hf_dataset, pack_texts
+from ..train.datasets import cached_hf_dataset, keep_column, pack_hf_dataset, pack_texts
 
 USE_DEFAULT_VALUE = None
 
 __all__ = [
     "Slice", "SliceInput", "USE_DEFAULT_VALUE", "calc_fan_in_and_fan_out", "composition_scores",
-    "download_file_from_hf", "gelu_new", "get_act_name", "get_attention_mask", "get_corner", "get_device",
+    "download_file_from_hf", "gelu_new", "get_act_name", "get_attention_mask", "get_corner", "get_dataset",
+    "get_device", "get_input_with_manually_prepended_bos",
     "get_tokens_with_bos_removed", "init_kaiming_normal_", "init_kaiming_uniform_", "init_xavier_normal_",
     "init_xavier_uniform_", "is_lower_triangular", "is_square", "keep_single_column", "lm_accuracy",
     "lm_cross_entropy_loss", "override_or_use_default_value", "remove_batch_dim", "test_prompt", "to_numpy",
@@ -117,6 +118,28 @@ def tokenize_and_concatenate(dataset, tokenizer, streaming: bool = False, max_le
 
 def keep_single_column(dataset, col_name: str):
     return keep_column(dataset, col_name)
+
+
+# TransformerLens's short names for small (10k-document) hub datasets.
+DATASET_ALIASES = {
+    "openwebtext": "stas/openwebtext-10k", "owt": "stas/openwebtext-10k", "pile": "NeelNanda/pile-10k",
+    "c4": "NeelNanda/c4-10k", "code": "NeelNanda/code-10k", "python": "NeelNanda/code-10k",
+    "c4_code": "NeelNanda/c4-code-20k", "c4-code": "NeelNanda/c4-code-20k", "wiki": "NeelNanda/wiki-10k",
+}
+
+
+def get_dataset(dataset_name: str, **kwargs):
+    """The train split of one of ``DATASET_ALIASES``, from the local Hugging Face datasets cache only."""
+    if dataset_name not in DATASET_ALIASES:
+        raise ValueError(f"Dataset {dataset_name} not supported; the names: {', '.join(DATASET_ALIASES)}")
+    return cached_hf_dataset(DATASET_ALIASES[dataset_name], split="train", **kwargs)
+
+
+def get_input_with_manually_prepended_bos(bos_token: Optional[str], input):
+    """``bos_token`` in front of a string or of each string of a list (unchanged without a BOS)."""
+    if bos_token is None:
+        return input
+    return bos_token + input if isinstance(input, str) else [bos_token + text for text in input]
 
 
 def get_device() -> str:

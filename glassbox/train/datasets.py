@@ -147,8 +147,10 @@ def text_data_loader(texts_or_file, tokenizer, batch_size: int = 8, max_length: 
     return DataLoader(rows, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, generator=generator)
 
 
-def cached_hf_dataset(name: str, config: Optional[str] = None, split: str = "train"):
-    """A dataset from the local Hugging Face datasets cache, never downloaded; a clear error otherwise."""
+def cached_hf_dataset(name: str, config: Optional[str] = None, split: str = "train", **kwargs):
+    """A dataset from the local Hugging Face datasets cache, never downloaded; a clear error otherwise.
+
+    ``kwargs`` go to ``datasets.load_dataset`` (``data_dir``, ``cache_dir``...)."""
     how = ("supply local text instead (glassbox.train.datasets.text_data_loader(texts_or_file, tokenizer), "
            "or glassbox.tl.evals.make_text_data_loader), or run datasets.load_dataset("
            f"{name!r}{', ' + repr(config) if config else ''}, split={split!r}) where there is network so "
@@ -161,7 +163,7 @@ def cached_hf_dataset(name: str, config: Optional[str] = None, split: str = "tra
     saved = datasets.config.HF_HUB_OFFLINE
     datasets.config.HF_HUB_OFFLINE = True  # read the cache only, whatever the environment says
     try:
-        return datasets.load_dataset(name, config, split=split)
+        return datasets.load_dataset(name, config, split=split, **kwargs)
     except Exception as error:  # datasets raises several kinds for "not cached"
         cache = os.environ.get("HF_DATASETS_CACHE", str(datasets.config.HF_DATASETS_CACHE))
         raise FileNotFoundError(f"dataset {name!r}{' (' + config + ')' if config else ''} split {split!r} is not "
