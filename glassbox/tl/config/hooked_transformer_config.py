@@ -25,6 +25,7 @@ not tied to the model; deep-copying the model copies its config with it.
 """
 
 import copy
+import dataclasses
 import pprint
 import random
 from typing import Any, Dict, Optional
@@ -140,8 +141,16 @@ def derive(values: Dict[str, Any], checked: bool = True) -> Dict[str, Any]:
     return v
 
 
-class HookedTransformerConfig:
-    """TransformerLens's config fields over a glassbox ``Config`` (see the module docstring)."""
+GLASSBOX_FIELDS = tuple(f.name for f in dataclasses.fields(Config))
+
+
+class HookedTransformerConfig(Config):
+    """TransformerLens's config fields over a glassbox ``Config`` (see the module docstring).
+
+    A subclass of ``Config``, so glassbox functions typed ``cfg: Config`` accept it; its Config fields
+    are copies of ``cfg.glassbox``'s (those TransformerLens shares, such as ``act_fn`` or
+    ``default_prepend_bos``, hold TransformerLens's value). ``replace`` returns a plain glassbox Config.
+    """
 
     def __init__(self, *args, **kwargs):
         names = list(TL_DEFAULTS)
@@ -164,6 +173,7 @@ class HookedTransformerConfig:
         object.__setattr__(self, "_glassbox", glassbox)
         object.__setattr__(self, "_model", None)
         object.__setattr__(self, "_given", set(given) - {"n_params"})
+        self._sync()
         if values["seed"] is not None:
             self.set_seed_everywhere(values["seed"])
 
@@ -185,6 +195,7 @@ class HookedTransformerConfig:
         object.__setattr__(self, "_glassbox", cfg)
         object.__setattr__(self, "_model", None)
         object.__setattr__(self, "_given", set(values) - set(_DERIVED))
+        self._sync()
         return self
 
     @classmethod
@@ -211,6 +222,19 @@ class HookedTransformerConfig:
                              "HookedTransformer(cfg, tokenizer=...) to take it from the tokenizer")
         return self._glassbox
 
+    def _sync(self) -> None:
+        """Copy the glassbox Config's fields onto this object (shadowing Config's class defaults)."""
+        values = self._values
+        glassbox = self._glassbox
+        if glassbox is None:  # d_vocab not known yet: the other fields as they will be
+            glassbox = to_glassbox({**values, "d_vocab": 1})
+        for name in GLASSBOX_FIELDS:
+            object.__setattr__(self, name, values[name] if name in values else getattr(glassbox, name))
+
+    def replace(self, **changes) -> Config:
+        """A glassbox Config with some fields changed (see ``Config.replace``)."""
+        return self.glassbox.replace(**changes)
+
     def _bind(self, model) -> None:
         object.__setattr__(self, "_model", model)
 
@@ -222,6 +246,7 @@ class HookedTransformerConfig:
         values = derive(values)
         object.__setattr__(self, "_glassbox", to_glassbox(values))
         object.__setattr__(self, "_values", values)
+        self._sync()
 
     # -- reading -------------------------------------------------------------------------------
     def __getattr__(self, name: str):
@@ -268,7 +293,7 @@ class HookedTransformerConfig:
     # -- writing -------------------------------------------------------------------------------
     def __setattr__(self, name: str, value) -> None:
         if name not in TL_DEFAULTS:
-            if self._glassbox is not None and hasattr(self._glassbox, name):
+            if name in GLASSBOX_FIELDS:
                 raise AttributeError(f"{name!r} is a field of the glassbox Config, which is frozen; set the "
                                      "TransformerLens field instead, or build a new config")
             raise AttributeError(f"HookedTransformerConfig has no field {name!r}")
@@ -283,6 +308,7 @@ class HookedTransformerConfig:
             if name == "default_prepend_bos" and value not in (True, False):
                 raise ValueError(f"default_prepend_bos must be True or False, got {value!r}")
             self._values[name] = value
+            self._sync()
         else:
             raise AttributeError(f"cfg.{name} shapes the model's computation and cannot change on a built model; "
                                  "build a new HookedTransformer from a new HookedTransformerConfig")
@@ -297,6 +323,7 @@ class HookedTransformerConfig:
         object.__setattr__(self, "_glassbox", glassbox)
         object.__setattr__(self, "_values", values)
         object.__setattr__(self, "_given", given)
+        self._sync()
 
     def __deepcopy__(self, memo):
         new = HookedTransformerConfig.__new__(HookedTransformerConfig)
@@ -310,6 +337,7 @@ class HookedTransformerConfig:
         object.__setattr__(new, "_glassbox", self._glassbox)
         object.__setattr__(new, "_model", memo.get(id(model)) if model is not None else None)
         object.__setattr__(new, "_given", set(self._given))
+        new._sync()
         return new
 
     def __copy__(self):

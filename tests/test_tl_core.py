@@ -1,0 +1,334 @@
+"""glassbox.tl's HookedTransformerConfig and HookedTransformer: mapping, refusals, settable fields,
+loading with TransformerLens's processing defaults, the forward's argument order, run_with_cache.
+
+Oracles: hand-written expected glassbox Configs and TransformerLens field values (read off
+TransformerLens 3.9's documented defaults; tests_tl/test_core.py checks them against TransformerLens
+itself), glassbox's own model on the same weights, and identities (log-probs kept by processing).
+"""
+
+import copy
+
+import pytest
+import torch
+
+import glassbox
+import glassbox.tl as tl
+from glassbox import Config
+from glassbox.tl.config.fields import REFUSED, TL_DEFAULTS
+from glassbox.tl.loading_from_pretrained import OFFICIAL_MODEL_NAMES, get_official_model_name
+from glassbox.tl.past_key_value_caching import HookedTransformerKeyValueCache
+
+BASE = dict(d_model=24, d_head=8, n_layers=2, n_ctx=16, d_vocab=53)
+
+
+def tiny(**kwargs) -> tl.HookedTransformer:
+    torch.manual_seed(0)
+    return tl.HookedTransformer(tl.HookedTransformerConfig(**{**BASE, "act_fn": "gelu_new", **kwargs}))
+
+
+def toks(batch=2, pos=7, seed=0):
+    return torch.randint(0, BASE["d_vocab"], (batch, pos), generator=torch.Generator().manual_seed(seed))
+
+
+# -- the config --------------------------------------------------------------------------------
+def test_tl_kwargs_build_the_glassbox_config():
+    cfg = tl.HookedTransformerConfig(**BASE, positional_embedding_type="rotary", normalization_type="RMS",
+                                     act_fn="silu", gated_mlp=True, eps=1e-6, rotary_adjacent_pairs=True,
+                                     rotary_base=500, model_name="toy", default_prepend_bos=False)
+    expected = Config(d_model=24, n_layers=2, n_heads=3, d_vocab=53, n_ctx=16, d_head=8, d_mlp=96, act_fn="silu",
+                      gated_mlp=True, layer_norm_eps=1e-6, init_range=0.8 / 24 ** 0.5, normalization="RMS",
+                      positional="rotary", rotary_dim=8, rotary_base=500.0, rotary_style="interleaved",
+                      use_bias=True, tied_unembed=False, unembed_bias=True, default_prepend_bos=False,
+                      model_name="toy")
+    assert cfg.glassbox == expected
+    # TransformerLens's derived fields: n_heads = d_model // d_head, d_mlp = 4 d_model, n_params counts
+    # W_Q, W_K, W_V, W_O and the MLP's three matrices, attn_scale = sqrt(d_head).
+    assert (cfg.n_heads, cfg.d_mlp, cfg.d_vocab_out, cfg.rotary_dim) == (3, 96, 53, 8)
+    assert cfg.n_params == 2 * (4 * 24 * 8 * 3 + 3 * 24 * 96)
+    assert cfg.attn_scale == pytest.approx(8 ** 0.5, abs=0)
+    # glassbox's names read through to the glassbox Config.
+    assert (cfg.normalization, cfg.positional, cfg.layer_norm_eps, cfg.rotary_style) == ("RMS", "rotary", 1e-6,
+                                                                                         "interleaved")
+
+
+def test_tl_defaults_and_round_trip():
+    cfg = tl.HookedTransformerConfig(**BASE)
+    assert (cfg.act_fn, cfg.positional_embedding_type, cfg.normalization_type, cfg.eps) == ("relu", "standard", "LN", 1e-5)
+    assert cfg.glassbox.positional == "learned" and cfg.glassbox.act_fn == "relu"
+    assert set(cfg.to_dict()) == set(TL_DEFAULTS)
+    assert tl.HookedTransformerConfig(**cfg.to_dict()) == cfg
+    assert tl.HookedTransformerConfig.unwrap(cfg.to_dict()) == cfg and tl.HookedTransformerConfig.unwrap(cfg) is cfg
+
+
+def test_glassbox_config_viewed_the_tl_way():
+    gcfg = Config(d_model=20, n_layers=3, n_heads=4, d_vocab=31, n_ctx=9, positional="rotary", rotary_dim=2,
+                  normalization="RMS", act_fn="silu", gated_mlp=True)
+    cfg = tl.HookedTransformerConfig.from_glassbox(gcfg, normalization_type="RMSPre")
+    assert cfg.glassbox is gcfg
+    assert (cfg.d_head, cfg.n_heads, cfg.d_mlp, cfg.positional_embedding_type, cfg.rotary_dim,
+            cfg.normalization_type, cfg.act_fn, cfg.uses_rms_norm) == (5, 4, 80, "rotary", 2, "RMSPre", "silu", True)
+    assert cfg.n_params == 3 * (4 * 20 * 5 * 4 + 3 * 20 * 80)
+
+
+@pytest.mark.parametrize("field", sorted(REFUSED))
+def test_every_option_glassbox_cannot_compute_is_refused_by_name(field):
+    default = TL_DEFAULTS[field]
+    value = {bool: not default, type(None): 2, float: 3.5, int: 7}.get(type(default), "other")
+    if field == "attention_dir":
+        value = "bidirectional"
+    with pytest.raises(ValueError, match=f"HookedTransformerConfig.{field}="):
+        tl.HookedTransformerConfig(**BASE, **{field: value})
+
+
+@pytest.mark.parametrize("field, value", [("positional_embedding_type", "shortformer"),
+                                          ("positional_embedding_type", "alibi"), ("normalization_type", None),
+                                          ("act_fn", "solu_ln"), ("init_mode", "xavier_uniform"),
+                                          ("d_vocab_out", 60)])
+def test_refusals_of_values(field, value):
+    with pytest.raises(ValueError, match=f"HookedTransformerConfig.{field}={value!r} is not supported"):
+        tl.HookedTransformerConfig(**BASE, **{field: value})
+
+
+def test_signature_errors_are_type_errors():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'n_layer'"):
+        tl.HookedTransformerConfig(**BASE, n_layer=2)
+    with pytest.raises(TypeError, match="missing required argument.*d_head"):
+        tl.HookedTransformerConfig(d_model=24, n_layers=2, n_ctx=16)
+
+
+def test_values_glassbox_computes_the_same_way_are_accepted():
+    cfg = tl.HookedTransformerConfig(**BASE, n_key_value_heads=3, attn_scale=8 ** 0.5, final_rms=True,
+                                     normalization_type="RMS", attn_only=True, act_fn="solu_ln")
+    assert cfg.glassbox.attn_only and cfg.n_params == 2 * 4 * 24 * 8 * 3
+
+
+def test_a_free_config_is_settable_and_revalidated():
+    cfg = tl.HookedTransformerConfig(**BASE)
+    cfg.n_layers = 3
+    assert cfg.glassbox.n_layers == 3 and cfg.n_params == 3 * (4 * 24 * 8 * 3 + 2 * 24 * 96)
+    cfg.d_model = 32  # d_mlp and n_heads were derived, so they follow
+    assert (cfg.n_heads, cfg.d_mlp, cfg.glassbox.d_mlp) == (4, 128, 128)
+    before = cfg.to_dict()
+    with pytest.raises(ValueError, match="positional_embedding_type='shortformer'"):
+        cfg.positional_embedding_type = "shortformer"
+    assert cfg.to_dict() == before, "a refused value changes nothing"
+    with pytest.raises(AttributeError, match="no field 'n_layer'"):
+        cfg.n_layer = 2
+
+
+# -- the model ---------------------------------------------------------------------------------
+def test_the_model_is_a_glassbox_model_with_a_tl_config():
+    torch.manual_seed(0)
+    model = tl.HookedTransformer({**BASE, "act_fn": "gelu_new"})
+    with torch.no_grad():  # norms away from w = 1, b = 0, so folding them changes the weights
+        for name, param in model.named_parameters():
+            if ".ln" in name or name.startswith("ln_final"):
+                param.add_(0.3 * torch.randn_like(param))
+    assert isinstance(model, glassbox.HookedTransformer) and isinstance(model.cfg, tl.HookedTransformerConfig)
+    assert model.cfg.device == "cpu" and model.cfg.dtype == torch.float32
+    # glassbox code reads glassbox fields through the TransformerLens config.
+    from glassbox.weights.processing import process
+
+    folded = process(model, fold_ln=True)
+    assert type(folded) is glassbox.HookedTransformer and isinstance(folded.cfg, Config)
+    t = toks()
+    with torch.no_grad():
+        # measured 1.4e-6 (log-probs down to -7.7), bound 1.5e-5: 10x
+        torch.testing.assert_close(folded(t).log_softmax(-1), model(t).log_softmax(-1), atol=1.5e-5, rtol=0)
+    with pytest.raises(ValueError, match="use HookedTransformer.from_pretrained"):
+        tl.HookedTransformer("gpt2")
+
+
+def test_d_vocab_comes_from_the_tokenizer():
+    from glassbox.models import gpt2_tokenizer
+
+    model = tl.HookedTransformer(tl.HookedTransformerConfig(d_model=16, d_head=8, n_layers=1, n_ctx=8),
+                                 tokenizer=gpt2_tokenizer())
+    assert model.cfg.d_vocab == model.cfg.d_vocab_out == 50257
+    with pytest.raises(ValueError, match="d_vocab=-1: give d_vocab, or a tokenizer"):
+        tl.HookedTransformer(tl.HookedTransformerConfig(d_model=16, d_head=8, n_layers=1, n_ctx=8))
+
+
+def test_attention_only_model():
+    model = tiny(attn_only=True)
+    assert model.cfg.attn_only and not any(".mlp." in k or ".ln2." in k for k in model.state_dict())
+    _, cache = model.run_with_cache(toks())
+    # resid_post = resid_pre + attn_out: the block adds attention alone.
+    # measured 0 (float32 sum, values up to 4), bound 0
+    torch.testing.assert_close(cache["blocks.0.hook_resid_post"],
+                               cache["blocks.0.hook_resid_pre"] + cache["blocks.0.hook_attn_out"], atol=0, rtol=0)
+
+
+def test_hook_flags_write_through_both_ways():
+    model = tiny()
+    assert not model.cfg.use_attn_result and "blocks.0.attn.hook_result" not in model.hook_dict
+    model.cfg.use_attn_result = True
+    assert model.hook_flags.use_attn_result and "blocks.0.attn.hook_result" in model.hook_dict
+    model.set_use_split_qkv_input(True)
+    assert model.cfg.use_split_qkv_input
+    with pytest.raises(ValueError, match="use_split_qkv_input and use_attn_in cannot both be on"):
+        model.cfg.use_attn_in = True
+    assert not model.cfg.use_attn_in
+    flagged = tiny(use_hook_mlp_in=True)
+    assert flagged.hook_flags.use_hook_mlp_in and "blocks.1.hook_mlp_in" in flagged.hook_dict
+
+
+@pytest.fixture(scope="module")
+def with_tokenizer():
+    from glassbox.models import gpt2_tokenizer
+
+    torch.manual_seed(0)
+    return tl.HookedTransformer(tl.HookedTransformerConfig(d_model=16, d_head=8, n_layers=1, n_ctx=12,
+                                                           act_fn="gelu_new"), tokenizer=gpt2_tokenizer())
+
+
+def test_default_prepend_bos_is_settable(with_tokenizer):
+    model = copy.deepcopy(with_tokenizer)
+    bos = model.tokenizer.bos_token_id
+    assert model.to_tokens("ab")[0, 0] == bos
+    model.cfg.default_prepend_bos = False
+    assert model.to_tokens("ab")[0, 0] != bos
+    assert torch.equal(model.to_tokens("ab"), with_tokenizer.to_tokens("ab", prepend_bos=False))
+
+
+def test_settable_and_fixed_fields_of_a_built_model():
+    model = tiny()
+    model.cfg.model_name, model.cfg.seed = "renamed", 5
+    assert model.cfg.to_dict()["model_name"] == "renamed"
+    with pytest.raises(AttributeError, match="cfg.n_layers shapes the model's computation"):
+        model.cfg.n_layers = 3
+    with pytest.raises(AttributeError, match=r"use model.to\('cpu'\)"):
+        model.cfg.device = "cpu"
+    model.to(torch.float64)
+    assert model.cfg.dtype == torch.float64
+    with pytest.raises(AttributeError, match="glassbox Config, which is frozen"):
+        model.cfg.layer_norm_eps = 1e-3
+
+
+def test_copies_of_the_config():
+    model = tiny()
+    model.cfg.use_attn_result = True
+    free = copy.deepcopy(model.cfg)
+    assert free._model is None and free.use_attn_result
+    free.n_layers = 1  # a free config, so settable
+    assert model.cfg.n_layers == 2
+    twin = copy.deepcopy(model)
+    assert twin.cfg._model is twin and twin.cfg.use_attn_result
+    other = tl.HookedTransformer(model.cfg)  # a bound config: the new model gets its own copy
+    assert other.cfg is not model.cfg and other.cfg._model is other
+
+
+def test_lnpre_norms_are_the_identity_affine_map():
+    model = tl.HookedTransformer(tl.HookedTransformerConfig(**BASE, normalization_type="LNPre", init_weights=False))
+    for name, param in model.named_parameters():
+        if ".ln" in name or name.startswith("ln_final"):
+            assert torch.equal(param, torch.ones_like(param) if name.endswith(".w") else torch.zeros_like(param))
+
+
+def test_forward_takes_transformer_lens_s_argument_order(with_tokenizer):
+    model = tiny()
+    t = toks()
+    forward = glassbox.HookedTransformer.forward
+    with torch.no_grad():
+        torch.testing.assert_close(model(t, "loss", True), forward(model, t, return_type="loss", loss_per_token=True),
+                                   atol=0, rtol=0)
+        # 4th and 5th positional: prepend_bos and padding_side (glassbox's 4th is attention_mask).
+        text = ["ab", "a b c d"]
+        torch.testing.assert_close(with_tokenizer(text, "logits", False, False, "left"),
+                                   forward(with_tokenizer, text, prepend_bos=False, padding_side="left"), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="shortformer_pos_embed is not supported"):
+        model(t, shortformer_pos_embed=torch.zeros(2, 7, 24))
+
+
+# -- run_with_cache ----------------------------------------------------------------------------
+def test_run_with_cache_has_transformer_lens_s_signature():
+    model = tiny()
+    t = toks()
+    logits, cache = model.run_with_cache(t, names_filter=["blocks.0.hook_resid_pre", "blocks.1.attn.hook_z"])
+    assert type(cache).__module__ == "glassbox.tl.ActivationCache"
+    assert sorted(cache.keys()) == ["blocks.0.hook_resid_pre", "blocks.1.attn.hook_z"]
+    with torch.no_grad():
+        torch.testing.assert_close(logits, model(t), atol=0, rtol=0)
+    loss, raw = model.run_with_cache(t, "loss", return_cache_object=False, names_filter="blocks.0.hook_resid_pre")
+    assert type(raw) is dict and loss.ndim == 0
+    _, one = model.run_with_cache(t[:1], remove_batch_dim=True, names_filter="blocks.0.hook_resid_pre")
+    torch.testing.assert_close(one["blocks.0.hook_resid_pre"], cache["blocks.0.hook_resid_pre"][0], atol=0, rtol=0)
+    _, sliced = model.run_with_cache(t, pos_slice=-1, names_filter=["blocks.0.hook_resid_pre", "blocks.1.attn.hook_z"])
+    # TransformerLens slices position third from the end for z, second for the residual stream.
+    torch.testing.assert_close(sliced["blocks.1.attn.hook_z"], cache["blocks.1.attn.hook_z"][:, -1:], atol=0, rtol=0)
+    torch.testing.assert_close(sliced["blocks.0.hook_resid_pre"], cache["blocks.0.hook_resid_pre"][:, -1:],
+                               atol=0, rtol=0)
+    with pytest.raises(ValueError, match="reset_hooks_end=False"):
+        model.run_with_cache(t, reset_hooks_end=False)
+
+
+def test_run_with_cache_gradients_leave_parameters_alone():
+    model = tiny()
+    _, cache = model.run_with_cache(toks(), "loss", incl_bwd=True, names_filter="blocks.1.hook_resid_post")
+    assert cache["blocks.1.hook_resid_post_grad"].shape == cache["blocks.1.hook_resid_post"].shape
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_kv_cache_with_transformer_lens_s_constructor():
+    model = tiny().eval()
+    t = toks(2, 9)
+    past = HookedTransformerKeyValueCache.init_cache(model.cfg, model.cfg.device, 2)
+    with torch.no_grad():
+        first = model(t[:, :6], past_kv_cache=past)
+        rest = model(t[:, 6:], past_kv_cache=past)
+        full = model(t)
+    assert len(past) == 9 and past.entries[0].past_keys.shape == (2, 9, 3, 8)
+    # measured 1.3e-6 (logits up to 2.7), bound 1.5e-5: 12x
+    torch.testing.assert_close(torch.cat([first, rest], 1), full, atol=1.5e-5, rtol=0)
+    with pytest.raises(NotImplementedError, match="frozen key-value cache"):
+        past.freeze()
+
+
+# -- loading -----------------------------------------------------------------------------------
+def test_names_glassbox_loads():
+    assert {"gpt2", "gpt2-medium", "distilgpt2", "glassbox-austen"} <= set(OFFICIAL_MODEL_NAMES)
+    assert get_official_model_name("GPT2-small") == "gpt2" and get_official_model_name("distil-gpt2") == "distilgpt2"
+    with pytest.raises(ValueError, match="'pythia-70m' is not a model glassbox can load by name.*glassbox-austen"):
+        get_official_model_name("pythia-70m")
+
+
+@pytest.fixture(scope="module")
+def austen():
+    return glassbox.HookedTransformer.from_pretrained("glassbox-austen")
+
+
+def test_from_pretrained_applies_transformer_lens_s_processing(austen):
+    model = tl.HookedTransformer.from_pretrained("glassbox-austen", device="cpu")
+    assert model.processing == ("fold_ln", "center_reader_weights", "center_writing_weights", "center_unembed",
+                                "fold_value_biases")
+    assert model.cfg.normalization_type == "LNPre" and model.cfg.original_architecture == "GPT2LMHeadModel"
+    assert all(torch.equal(p, torch.ones_like(p)) for n, p in model.named_parameters() if n.endswith("ln1.w"))
+    t = austen.to_tokens("Elizabeth read the letter")
+    with torch.no_grad():
+        # measured 8.6e-6 (log-probs down to -18.3), bound 1e-4: 12x
+        torch.testing.assert_close(model(t).log_softmax(-1), austen(t).log_softmax(-1), atol=1e-4, rtol=0)
+    plain = tl.HookedTransformer.from_pretrained_no_processing("glassbox-austen", device="cpu")
+    assert plain.processing == () and plain.cfg.normalization_type == "LN"
+    with torch.no_grad():
+        torch.testing.assert_close(plain(t), austen(t), atol=0, rtol=0)
+    assert austen.processing == (), "glassbox's own from_pretrained keeps the weights unprocessed"
+
+
+def test_from_pretrained_refuses_what_glassbox_cannot_load():
+    with pytest.raises(ValueError, match=r"from_pretrained\(checkpoint_index=3\) is not supported"):
+        tl.HookedTransformer.from_pretrained("glassbox-austen", checkpoint_index=3)
+    with pytest.raises(ValueError, match=r"n_devices=2"):
+        tl.HookedTransformer.from_pretrained("glassbox-austen", n_devices=2)
+    with pytest.raises(TypeError, match="load_in_8bit"):
+        tl.HookedTransformer.from_pretrained("glassbox-austen", load_in_8bit=True)
+    with pytest.raises(ValueError, match="not exact with positional='rotary'"):
+        tl.HookedTransformer.from_glassbox(glassbox.HookedTransformer(glassbox.models.preset_config(
+            "modern", d_model=16, n_layers=1, n_heads=2, d_vocab=29, n_ctx=8)), refactor_factored_attn_matrices=True)
+
+
+def test_post_norm_skips_folding_with_a_warning():
+    post = glassbox.HookedTransformer(glassbox.models.preset_config("classic", d_model=16, n_layers=1, n_heads=2,
+                                                                    d_vocab=29, n_ctx=8))
+    with pytest.warns(UserWarning, match="post-norm model: fold_ln and center_writing_weights"):
+        model = tl.HookedTransformer.from_glassbox(post)
+    assert model.processing == ("center_unembed", "fold_value_biases") and model.cfg.normalization_type == "LN"
