@@ -46,6 +46,8 @@ def norm_at(cache, layer, mlp_input: bool = False) -> tuple:
         return model.ln_final, "ln_final.hook_scale"
     if mlp_input and getattr(model.cfg, "parallel_attn_mlp", False):
         raise ValueError("parallel blocks have no MLP-input residual stream (mlp_input=True)")
+    if mlp_input and attn_only(model):
+        raise ValueError("attention-only blocks have no MLP, so no MLP-input residual stream (mlp_input=True)")
     return (model.blocks[layer].ln2, f"blocks.{layer}.ln2.hook_scale") if mlp_input else \
         (model.blocks[layer].ln1, f"blocks.{layer}.ln1.hook_scale")
 

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from ..models.generate import last_token_positions
 
-Index = Union[None, int, slice, list, Tensor, np.ndarray]
+Index = Union[None, int, np.integer, slice, list, Tensor, np.ndarray]
 PosSlice = Union[Index, str]
 
 
