@@ -179,3 +179,16 @@ def test_sanity_check(model):
     # chance (ln 4096 = 8.3)
     with torch.no_grad():
         assert 3.0 < float(evals.sanity_check(model)) < 7.5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_evals_and_helpers_run_on_cuda(model):
+    gpu = HookedTransformer.from_pretrained("glassbox-austen", device="cuda")
+    loss = repeated_tokens_loss(gpu, 2, 30, token_range=(100, 4000), generator=torch.Generator().manual_seed(0))
+    assert loss.device.type == "cuda" and float(loss) < 0.5  # as on the CPU (0.08 there with 4 rows of 60)
+    ds = IOIDataset(gpu.tokenizer, names=NAMES, num_samples=4, seed=0)
+    assert ioi_logit_diffs(gpu, ds, 3).logit_diffs.device.type == "cuda"
+    t = torch.arange(12, device="cuda").reshape(3, 4)
+    assert torch.equal(tl_utils.Slice(torch.tensor([2, 0])).apply(t, 1).cpu(), torch.tensor([[2, 0], [6, 4], [10, 8]]))
+    assert tl_utils.lm_accuracy(torch.zeros(1, 3, 5, device="cuda"), torch.zeros(1, 3, dtype=torch.long,
+                                                                                device="cuda")).item() == 1.0
