@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from glassbox.models import HOOK_SHAPES, Config, HookedTransformer, hook_pattern, hook_shape, preset_config
+from glassbox.models.hook_flags import HookFlags
 from glassbox.models.rotary_attention import RotaryAttention
 
 from conftest import perturbed
@@ -174,9 +175,12 @@ def test_rms_norm_and_swiglu_by_hand():
     scale = (x.pow(2).mean(-1, keepdim=True) + cfg.layer_norm_eps).sqrt()
     # measured 1.8e-15 (values up to 7.8), bound 1e-12: 563x
     torch.testing.assert_close(acts["blocks.1.ln2.hook_scale"], scale, atol=1e-12, rtol=0)
+    # before w, as in every TransformerLens version's RMSNorm
+    # measured 8.9e-16 (values up to 2.8), bound 1e-12: 1126x
+    torch.testing.assert_close(acts["blocks.1.ln2.hook_normalized"], x / scale, atol=1e-12, rtol=0)
     normed = x / scale * ln.w
     # measured 4.4e-16 (values up to 4.1), bound 1e-12: 2252x
-    torch.testing.assert_close(acts["blocks.1.ln2.hook_normalized"], normed, atol=1e-12, rtol=0)
+    torch.testing.assert_close(acts["blocks.1.ln2.hook_out"], normed, atol=1e-12, rtol=0)
     gate, linear = normed @ mlp.W_gate, normed @ mlp.W_in
     # measured 8.9e-16 (values up to 5.9), bound 1e-12: 1126x
     torch.testing.assert_close(acts["blocks.1.mlp.hook_pre"], gate, atol=1e-12, rtol=0)
@@ -203,17 +207,31 @@ ARCHITECTURES = {
 }
 
 
+# Every flag-gated hook fires in one of these (split q/k/v and attn_in cannot be on together).
+FLAGGED = {
+    "gpt2 split qkv": (ARCHITECTURES["gpt2"], HookFlags(use_attn_result=True, use_split_qkv_input=True,
+                                                        use_hook_mlp_in=True)),
+    "modern attn_in": (ARCHITECTURES["modern"], HookFlags(use_attn_in=True, use_hook_mlp_in=True)),
+    "classic split qkv": (ARCHITECTURES["classic"], HookFlags(use_split_qkv_input=True, use_attn_result=True,
+                                                              use_hook_mlp_in=True)),
+    "parallel attn_result": (ARCHITECTURES["parallel"], HookFlags(use_attn_result=True)),
+    "attn_only split qkv": (preset_config("gpt2", **SIZES, attn_only=True),
+                            HookFlags(use_split_qkv_input=True, use_attn_result=True)),
+}
+
+
 def test_hook_shapes_table_covers_every_architecture_exactly():
     seen = set()
-    for arch, cfg in ARCHITECTURES.items():
-        model = HookedTransformer(cfg)
+    variants = {arch: (cfg, None) for arch, cfg in ARCHITECTURES.items()} | FLAGGED
+    for arch, (cfg, flags) in variants.items():
+        model = HookedTransformer(cfg, hook_flags=flags)
         acts = record_all(model, tokens_for(cfg))
         assert set(acts) == set(model.hook_dict), f"{arch}: every hook point must fire"
         sizes = dict(batch=3, pos=11, query_pos=11, key_pos=11, head=cfg.n_heads, d_model=cfg.d_model,
                      d_head=cfg.d_head, d_mlp=cfg.d_mlp, d_vocab=cfg.d_vocab)
         for name, act in acts.items():
             assert hook_pattern(name) in HOOK_SHAPES, f"{arch}: {name} is not in HOOK_SHAPES"
-            expected = tuple(int(ax) if ax.isdigit() else sizes[ax] for ax in hook_shape(name).split())
+            expected = tuple(int(ax) if ax.isdigit() else sizes[ax] for ax in hook_shape(name, flags, cfg).split())
             assert tuple(act.shape) == expected, f"{arch}: {name} has shape {tuple(act.shape)}, table says {expected}"
         seen |= {hook_pattern(name) for name in acts}
     assert seen == set(HOOK_SHAPES), f"table entries no architecture has: {set(HOOK_SHAPES) - seen}"
@@ -226,6 +244,8 @@ def test_optional_hooks_exist_only_under_their_option():
     assert "blocks.{L}.mlp.hook_pre_linear" in names["modern"] and "blocks.{L}.mlp.hook_pre_linear" not in names["classic"]
     assert "ln_final.hook_normalized" not in names["classic"]
     assert "blocks.{L}.hook_resid_mid" not in names["parallel"] and "blocks.{L}.ln2.hook_scale" not in names["parallel"]
+    assert not any("mlp" in n or "ln2" in n or "resid_mid" in n
+                   for n in map(hook_pattern, HookedTransformer(FLAGGED["attn_only split qkv"][0]).hook_dict))
 
 
 # -- presets, config errors, initialisation ------------------------------------------------------

@@ -66,7 +66,7 @@ def test_an_edited_scale_is_used(preset, edit, mode):
         seen["x"] = x.clone()
 
     with mode(), model.hooks([("blocks.1.hook_resid_mid", keep_input), ("blocks.1.ln2.hook_scale", double),
-                                        ("blocks.1.ln2.hook_normalized", lambda out, hook: seen.update(out=out))]):
+                                        ("blocks.1.ln2.hook_out", lambda out, hook: seen.update(out=out))]):
         edited_logits = model(TOKENS)
         plain_logits = model(TOKENS)  # hooks still attached: same edit, same result
     assert torch.equal(edited_logits, plain_logits)
@@ -91,7 +91,7 @@ def test_scale_gradient_matches_autograd_on_the_textbook_formula(preset):
     def rebuild(out, hook):
         return textbook(preset, norm, cache["blocks.1.hook_resid_mid"], scale)
 
-    with model.hooks([("blocks.1.ln2.hook_normalized", rebuild)]):
+    with model.hooks([("blocks.1.ln2.hook_out", rebuild)]):
         ref = model(TOKENS, return_type="loss")
     (grad,) = torch.autograd.grad(ref, scale)
     # measured 0 (values up to 4.9), bound 1e-12 (exact here)
