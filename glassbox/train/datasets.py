@@ -35,7 +35,8 @@ def pack_documents(texts, tokenizer, max_length: int = 1024, add_bos_token: bool
     if not all(isinstance(t, str) for t in texts):
         bad = next(t for t in texts if not isinstance(t, str))
         raise ValueError(f"documents must be strings, got {type(bad).__name__} {bad!r:.60}")
-    encoded = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    # verbose=False: a long document exceeds model_max_length, which is harmless before it is cut into rows
+    encoded = tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
     pieces = []
     for i, row in enumerate(encoded):
         if i:
