@@ -293,6 +293,20 @@ def test_batch_slice_and_has_batch_dim(gpt2):
     torch.testing.assert_close(cache.logit_attrs(stack, 4, batch_slice=0), attrs[:, 0], atol=0, rtol=0)
 
 
+def test_apply_slice_to_batch_dim_picks_sequences(gpt2):
+    model, _, cache = gpt2
+    for batch_slice, picked in ((1, 1), ([1, 0], [1, 0]), (slice(1, None), slice(1, None)),
+                                (torch.tensor([False, True]), [1])):
+        part = cache.apply_slice_to_batch_dim(batch_slice)
+        assert part.has_batch_dim == (not isinstance(batch_slice, int)) and torch.equal(part.tokens, cache.tokens[picked])
+        for name in cache:
+            assert torch.equal(part[name], cache[name][picked]), name
+        torch.testing.assert_close(part.decompose_resid(apply_ln=True), cache.decompose_resid(apply_ln=True)[:, picked],
+                                   atol=0, rtol=0)
+    with pytest.raises(ValueError, match="no batch axis"):
+        cache.apply_slice_to_batch_dim(0).apply_slice_to_batch_dim(0)
+
+
 def test_remove_batch_dim_keeps_the_identities(gpt2):
     model, _, cache = gpt2
     one = type(cache)({k: v[:1] for k, v in cache.items()}, model).remove_batch_dim()

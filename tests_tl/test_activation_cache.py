@@ -73,6 +73,12 @@ CASES = {
     "stack_activation_pattern": (lambda c: c.stack_activation("pattern"), 0.0),
     "stack_activation_resid_post_1": (lambda c: c.stack_activation("resid_post", 1), 0.0),
     "stack_activation_scale_ln1": (lambda c: c.stack_activation("scale", -1, "ln1"), 0.0),
+    # -- batch slices of the whole cache --------------------------------------------------------------
+    "apply_slice_to_batch_dim_int": (
+        lambda c: c.apply_slice_to_batch_dim(1).decompose_resid(apply_ln=True, pos_slice=-1, return_labels=True), 0.0),
+    "apply_slice_to_batch_dim_tuple": (
+        lambda c: c.apply_slice_to_batch_dim((1, 2)).accumulated_resid(apply_ln=True, return_labels=True), 0.0),
+    "apply_slice_to_batch_dim_list": (lambda c: c.apply_slice_to_batch_dim([1, 0])["pattern", 1], 0.0),
     # -- accumulated_resid ------------------------------------------------------------------------
     "accumulated_resid": (lambda c: c.accumulated_resid(return_labels=True), 0.0),
     "accumulated_resid_mid": (lambda c: c.accumulated_resid(incl_mid=True, return_labels=True), 0.0),

@@ -22,6 +22,7 @@ to it writes to the cache. ``toggle_autodiff`` changes torch's global grad mode,
 
 import logging
 from collections.abc import Mapping
+from numbers import Integral
 from typing import Iterator, Optional, Union
 
 import torch
@@ -30,7 +31,7 @@ from torch import Tensor
 from ..hooks import unknown_name_message
 from . import decomposition, neurons, resid
 from .act_names import act_name, split_compact
-from .slices import as_int
+from .slices import as_int, index_axis
 
 Key = Union[str, tuple]
 log = logging.getLogger(__name__)
@@ -156,6 +157,19 @@ class ActivationCache(Mapping):
         warning is logged). ``torch.no_grad()`` or ``torch.inference_mode()`` scope it instead."""
         log.warning("Changed the global state, set autodiff to %s", mode)
         torch.set_grad_enabled(mode)
+
+    def apply_slice_to_batch_dim(self, batch_slice) -> "ActivationCache":
+        """A new cache of the sequences ``batch_slice`` picks (an int, slice, indices or bool mask; see
+        ``slices``) from every tensor, the tokens and the attention mask; an int drops the batch axis."""
+        if not self.has_batch_dim:
+            if batch_slice is None:
+                return self
+            raise ValueError("apply_slice_to_batch_dim: this cache has no batch axis (remove_batch_dim was applied)")
+        data = {name: index_axis(t, batch_slice, 0, "batch_slice") for name, t in self._data.items()}
+        tokens, mask = (index_axis(t, batch_slice, 0, "batch_slice") if t is not None else None
+                        for t in (self.tokens, self.attention_mask))
+        keeps_axis = not (isinstance(batch_slice, Integral) or (isinstance(batch_slice, Tensor) and batch_slice.ndim == 0))
+        return self._like(data, keeps_axis, tokens, mask)
 
     # -- analysis (see glassbox.interp.resid for the maths and the exact-LayerNorm contract) -----
     def stack_activation(self, activation_name: str, layer=-1, sublayer_type: Optional[str] = None) -> Tensor:

@@ -68,6 +68,9 @@ class ActivationCache(activation_cache.ActivationCache):
         self._data, self.has_batch_dim = super().remove_batch_dim()._data, False
         return self
 
+    def apply_slice_to_batch_dim(self, batch_slice) -> "ActivationCache":
+        return super().apply_slice_to_batch_dim(as_index(batch_slice))
+
     def accumulated_resid(self, layer=None, incl_mid=False, apply_ln=False, pos_slice=None, mlp_input=False,
                           return_labels=False):
         layer, pos_slice = stream_layer(self.model.cfg, layer), as_index(pos_slice)
