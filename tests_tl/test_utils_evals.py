@@ -309,3 +309,27 @@ def test_manually_prepended_bos_equals_transformer_lens():
     for bos, text in (("<|endoftext|>", "Hi"), ("<s>", ["a", "b c"]), (None, "x"), (None, ["y"])):
         assert gb_utils.get_input_with_manually_prepended_bos(bos, text) == \
             tl_utils.get_input_with_manually_prepended_bos(bos, text)
+
+
+def test_streamed_tokenize_and_concatenate_equals_transformer_lens():
+    docs = documents(1500)  # two map batches of the stream
+
+    def stream():
+        return datasets.Dataset.from_dict({"text": docs, "other": list(range(1500))}).to_iterable_dataset()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = list(tl_utils.tokenize_and_concatenate(stream(), fresh_tokenizer(), streaming=True, max_length=9,
+                                                         set_format=False))
+        ours = list(gb_utils.tokenize_and_concatenate(stream(), fresh_tokenizer(), streaming=True, max_length=9,
+                                                      set_format=False))
+    assert len(ours) == len(theirs) and all(a.keys() == b.keys() == {"tokens"} for a, b in zip(ours, theirs))
+    assert [list(a["tokens"]) for a in ours] == [list(b["tokens"]) for b in theirs]
+
+
+def test_keep_single_column_equals_transformer_lens():
+    table = datasets.Dataset.from_dict({"text": ["a", "b"], "meta": [1, 2], "more": ["x", "y"]})
+    ours, theirs = gb_utils.keep_single_column(table, "text"), tl_utils.keep_single_column(table, "text")
+    assert ours.column_names == theirs.column_names == ["text"] and ours["text"][:] == theirs["text"][:]
+    with pytest.raises(KeyError, match="no column 'body'"):
+        gb_utils.keep_single_column(table, "body")
