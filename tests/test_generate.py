@@ -135,6 +135,25 @@ def test_eos_finishes_a_row_and_stops_when_all_are_done(model, prompts):
     assert one.shape[1] == len(prompts[1]) + free[1, WIDTH:].tolist().index(eos) + 1
 
 
+def test_a_list_of_stop_ids_finishes_a_row_at_any_of_them(model, prompts):
+    tokens, mask = padded(prompts, "left")
+    free = model.generate(tokens, NEW, attention_mask=mask, eos_token_id=None)
+    stops = [int(free[0, WIDTH + 2]), int(free[2, WIDTH + 4])]
+    out = model.generate(tokens, NEW, attention_mask=mask, eos_token_id=stops)
+    for row in range(3):
+        new, ref = out[row, WIDTH:].tolist(), free[row, WIDTH:].tolist()
+        hits = [i for i, t in enumerate(ref[: len(new)]) if t in stops]
+        assert hits or row == 1  # rows 0 and 2 emit a stop id by construction
+        first = hits[0] if hits else len(new)
+        assert new[: first + 1] == ref[: first + 1]
+        # this model has no tokenizer, so finished rows receive the list's first id
+        assert all(t == stops[0] for t in new[first + 1:])
+    with pytest.raises(ValueError, match="eos_token_id must be"):
+        model.generate(tokens, 2, attention_mask=mask, eos_token_id=[])
+    with pytest.raises(ValueError, match="eos_token_id 53 is outside"):
+        model.generate(tokens, 2, attention_mask=mask, eos_token_id=[1, 53])
+
+
 def test_sampling_is_seeded_and_filtered(model, prompts):
     p = prompts[0][None]
     a = model.generate(p, 8, do_sample=True, seed=3, eos_token_id=None)

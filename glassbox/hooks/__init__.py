@@ -1,8 +1,8 @@
 """Hook points and the hook-managing base class of every hooked model."""
 
-from .hook_point import HookFn, HookHandle, HookPoint, Registration
+from .hook_point import HookFn, HookHandle, HookPoint, NoLayerError, Registration
 from .root import HookedRootModule, unknown_name_message
 from .threads import HookStateGuard
 
-__all__ = ["HookFn", "HookHandle", "HookPoint", "HookStateGuard", "HookedRootModule", "Registration",
+__all__ = ["HookFn", "HookHandle", "HookPoint", "HookStateGuard", "HookedRootModule", "NoLayerError", "Registration",
            "unknown_name_message"]

@@ -12,9 +12,10 @@ The cost is one check per forward (no lock on the hot path); claiming takes a lo
 ``hooks()`` block. A deep copy or an unpickled model gets a fresh, unowned guard, so
 ``copy.deepcopy(model)`` gives each thread its own model.
 
-Not covered: hooks added with ``model.add_hook`` outside any block (or kept by
-``run_with_hooks(reset_hooks_end=False)``) belong to the model, and every thread's forward runs
-them; ``HookPoint.add_hook`` called on a point directly bypasses the model and its guard.
+Not covered: hooks added with ``model.add_hook`` outside any block (permanent ones included, or
+kept by ``reset_hooks_end=False``) belong to the model, and every thread's forward runs them (adding
+or removing them is refused while another thread holds the model); ``HookPoint.add_hook`` called on
+a point directly bypasses the model and its guard.
 """
 
 import threading
