@@ -332,3 +332,23 @@ def test_post_norm_skips_folding_with_a_warning():
     with pytest.warns(UserWarning, match="post-norm model: fold_ln and center_writing_weights"):
         model = tl.HookedTransformer.from_glassbox(post)
     assert model.processing == ("center_unembed", "fold_value_biases") and model.cfg.normalization_type == "LN"
+
+
+def test_process_weights_in_place_keeps_log_probs():
+    model = tiny()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".ln" in name or name.startswith("ln_final"):
+                param.add_(0.3 * torch.randn_like(param))
+    t = toks()
+    with torch.no_grad():
+        before = model(t).log_softmax(-1)
+    model.process_weights_()
+    assert model.cfg.normalization_type == "LNPre" and model.processing[0] == "fold_ln"
+    assert all(torch.equal(p, torch.ones_like(p)) for n, p in model.named_parameters() if n.endswith(".w"))
+    with torch.no_grad():
+        # measured 2.4e-6 (log-probs down to -7.7), bound 2.5e-5: 10x
+        torch.testing.assert_close(model(t).log_softmax(-1), before, atol=2.5e-5, rtol=0)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    model.process_weights_()  # every step is applied already
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())

@@ -170,20 +170,9 @@ class HookedTransformer(_GlassboxTransformer):
         if model.processing:
             raise ValueError(f"the model's weights are processed already ({', '.join(model.processing)}); "
                              "pass a model with its original weights")
-        if gcfg.norm_placement != "pre" and (fold_ln or center_writing_weights):
-            warnings.warn(f"{gcfg.model_name} is a post-norm model: fold_ln and center_writing_weights do not apply "
-                          "to it and are skipped (as TransformerLens does for post-norm architectures)", stacklevel=3)
-            fold_ln = center_writing_weights = False
-        layer_norm = gcfg.normalization == "LN"
-        steps = []
-        if fold_ln:
-            steps += ["fold_ln"] + (["center_reader_weights"] if layer_norm else [])
-        if center_writing_weights and layer_norm:  # TransformerLens centres for LayerNorm only
-            steps.append("center_writing_weights")
-        for name, chosen in (("center_unembed", center_unembed), ("fold_value_biases", fold_value_biases),
-                             ("refactor_factored_attn_matrices", refactor_factored_attn_matrices)):
-            if chosen:
-                steps.append(name)
+        steps = tl_steps(gcfg, fold_ln, center_writing_weights, center_unembed, fold_value_biases,
+                         refactor_factored_attn_matrices)
+        fold_ln = "fold_ln" in steps
         try:
             architecture = HF_ARCHITECTURES.get(architecture_of_config(gcfg).model_type)
         except ValueError:
@@ -218,6 +207,46 @@ class HookedTransformer(_GlassboxTransformer):
                                    default_prepend_bos=default_prepend_bos, default_padding_side=default_padding_side,
                                    **from_pretrained_kwargs)
 
+    def load_and_process_state_dict(self, state_dict: dict, fold_ln: bool = True, center_writing_weights: bool = True,
+                                    center_unembed: bool = True, fold_value_biases: bool = True,
+                                    refactor_factored_attn_matrices: bool = False) -> None:
+        """Load a state dict (TransformerLens's names and layout, or glassbox's) into this model and process
+        it as ``from_pretrained`` does, in place; ``cfg.normalization_type`` becomes "LNPre"/"RMSPre" after
+        fold_ln. TransformerLens's ``unembed.W_U`` [d_model d_vocab] is glassbox's ``unembed.W_U_T``
+        transposed; norm weights an LNPre state dict leaves out are the identity (w = 1, b = 0), and a
+        missing bias (TransformerLens's gated MLP has no b_gate) is zero, as TransformerLens fills them. Steps
+        already applied to this model (``model.processing``) are not applied again. Refused, before
+        anything changes, when the processed weights would need a different model (a tied unembedding)."""
+        from ..weights.processing import process_state_dict
+
+        sd = {k: v for k, v in state_dict.items() if not k.endswith((".mask", ".IGNORE")) and "rotary_" not in k}
+        if "unembed.W_U" in sd:
+            sd["unembed.W_U_T"] = sd.pop("unembed.W_U").transpose(0, 1)
+        own = self.state_dict()
+        for key, value in own.items():
+            if key not in sd and (".ln" in key or key.startswith("ln_final.")):
+                sd[key] = torch.ones_like(value) if key.endswith(".w") else torch.zeros_like(value)
+            elif key not in sd and key.rsplit(".", 1)[-1].startswith("b_"):
+                sd[key] = torch.zeros_like(value)
+        steps = [s for s in tl_steps(self.cfg.glassbox, fold_ln, center_writing_weights, center_unembed,
+                                     fold_value_biases, refactor_factored_attn_matrices) if s not in self.processing]
+        processed, gcfg = process_state_dict(sd, self.cfg.glassbox, steps)
+        if gcfg != self.cfg.glassbox:
+            raise ValueError(f"the processed weights need a different model ({gcfg} instead of {self.cfg.glassbox}); "
+                             "use HookedTransformer.from_glassbox or from_pretrained")
+        self.load_state_dict(processed, strict=True)
+        if "fold_ln" in steps:
+            self.cfg._values["normalization_type"] = gcfg.normalization + "Pre"
+            self.cfg._values["layer_norm_folding"] = True
+        self.processing = tuple(self.processing) + tuple(steps)
+
+    def process_weights_(self, fold_ln: bool = True, center_writing_weights: bool = True, center_unembed: bool = True,
+                         refactor_factored_attn_matrices: bool = False) -> None:
+        """Process this model's own weights in place (``load_and_process_state_dict`` of its state dict)."""
+        self.load_and_process_state_dict(self.state_dict(), fold_ln=fold_ln,
+                                         center_writing_weights=center_writing_weights, center_unembed=center_unembed,
+                                         refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+
     def move_model_modules_to_device(self) -> "HookedTransformer":
         return self.to(self.cfg._values["device"])
 
@@ -243,6 +272,27 @@ class HookedTransformer(_GlassboxTransformer):
                               remove_batch_dim=remove_batch_dim, incl_bwd=incl_bwd, reset_hooks_end=reset_hooks_end,
                               clear_contexts=clear_contexts, pos_slice=pos_slice,
                               return_cache_object=return_cache_object, **model_kwargs)
+
+
+def tl_steps(gcfg, fold_ln: bool, center_writing_weights: bool, center_unembed: bool, fold_value_biases: bool,
+             refactor_factored_attn_matrices: bool) -> list:
+    """glassbox's processing steps for TransformerLens's flags: fold_ln of a LayerNorm also centres its
+    readers; center_writing_weights only for LayerNorm; post-norm models skip both, with a warning."""
+    if gcfg.norm_placement != "pre" and (fold_ln or center_writing_weights):
+        warnings.warn(f"{gcfg.model_name} is a post-norm model: fold_ln and center_writing_weights do not apply to "
+                      "it and are skipped (as TransformerLens does for post-norm architectures)", stacklevel=4)
+        fold_ln = center_writing_weights = False
+    layer_norm = gcfg.normalization == "LN"
+    steps = []
+    if fold_ln:
+        steps += ["fold_ln"] + (["center_reader_weights"] if layer_norm else [])
+    if center_writing_weights and layer_norm:  # TransformerLens centres for LayerNorm only
+        steps.append("center_writing_weights")
+    for name, chosen in (("center_unembed", center_unembed), ("fold_value_biases", fold_value_biases),
+                         ("refactor_factored_attn_matrices", refactor_factored_attn_matrices)):
+        if chosen:
+            steps.append(name)
+    return steps
 
 
 FORWARD_ARGS = ("input", "return_type", "loss_per_token", "prepend_bos", "padding_side", "start_at_layer", "tokens",

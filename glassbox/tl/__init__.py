@@ -17,10 +17,15 @@ from .config import HookedTransformerConfig
 from .FactoredMatrix import FactoredMatrix
 from .hook_points import HookedRootModule, HookPoint
 from .HookedTransformer import HookedTransformer
-from .past_key_value_caching import HookedTransformerKeyValueCache
+from .past_key_value_caching import HookedTransformerKeyValueCache, HookedTransformerKeyValueCacheEntry
+
+# TransformerLens 3.9's names for the same cache classes.
+TransformerLensKeyValueCache = HookedTransformerKeyValueCache
+TransformerLensKeyValueCacheEntry = HookedTransformerKeyValueCacheEntry
 
 __all__ = ["FactoredMatrix", "HookPoint", "HookedRootModule", "HookedTransformer", "HookedTransformerConfig",
-           "HookedTransformerKeyValueCache", "as_transformer_lens", "components", "hook_points", "loading",
+           "HookedTransformerKeyValueCache", "TransformerLensKeyValueCache", "TransformerLensKeyValueCacheEntry",
+           "as_transformer_lens", "components", "hook_points", "loading",
            "loading_from_pretrained", "past_key_value_caching"]
 
 
