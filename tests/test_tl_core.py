@@ -352,3 +352,17 @@ def test_process_weights_in_place_keeps_log_probs():
     state = {k: v.clone() for k, v in model.state_dict().items()}
     model.process_weights_()  # every step is applied already
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+
+def test_default_padding_side(with_tokenizer):
+    from glassbox.models import gpt2_tokenizer
+
+    left = tl.HookedTransformer(with_tokenizer.cfg, tokenizer=gpt2_tokenizer(), default_padding_side="left")
+    left.load_state_dict(with_tokenizer.state_dict())
+    text = ["ab", "a b c d"]
+    assert torch.equal(left.to_tokens(text), with_tokenizer.to_tokens(text, padding_side="left"))
+    assert not torch.equal(left.to_tokens(text), with_tokenizer.to_tokens(text))
+    with torch.no_grad():
+        torch.testing.assert_close(left(text), with_tokenizer(text, padding_side="left"), atol=0, rtol=0)
+    logits, _ = left.run_with_cache(text, names_filter="hook_embed")
+    torch.testing.assert_close(logits, left(text), atol=0, rtol=0)

@@ -93,7 +93,8 @@ class HookedTransformer(_GlassboxTransformer):
         device = values["device"] if move_to_device else None
         super().__init__(tl_cfg.glassbox, tokenizer=tokenizer, init=bool(values["init_weights"]), device=device,
                          dtype=as_dtype(values["dtype"]), **self._flag_kwargs(flags))
-        self.default_padding_side = default_padding_side or "right"
+        # TransformerLens: None keeps the tokenizer's own side.
+        self.default_padding_side = default_padding_side or getattr(tokenizer, "padding_side", None) or "right"
         if values["normalization_type"] in ("LNPre", "RMSPre") and not values["init_weights"]:
             self._reset_norms()
         self.cfg = tl_cfg
@@ -263,6 +264,17 @@ class HookedTransformer(_GlassboxTransformer):
                                attention_mask=attention_mask, prepend_bos=prepend_bos,
                                padding_side=padding_side or self.default_padding_side, stop_at_layer=stop_at_layer,
                                past_kv_cache=past_kv_cache, start_at_layer=start_at_layer, tokens=tokens)
+
+    def tokenize(self, input, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
+                 truncate: bool = False) -> tuple:
+        """glassbox's tokenize; ``padding_side=None`` is the model's ``default_padding_side``."""
+        return super().tokenize(input, prepend_bos, padding_side or self.default_padding_side, truncate)
+
+    def to_tokens(self, input, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
+                  move_to_device: bool = True, truncate: bool = False) -> Tensor:
+        """TransformerLens's to_tokens; ``padding_side=None`` is the model's ``default_padding_side``."""
+        return super().to_tokens(input, prepend_bos, padding_side or self.default_padding_side, move_to_device,
+                                 truncate)
 
     def run_with_cache(self, *model_args, names_filter=None, device=None, remove_batch_dim: bool = False,
                        incl_bwd: bool = False, reset_hooks_end: bool = True, clear_contexts: bool = False,
