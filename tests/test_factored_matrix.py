@@ -329,7 +329,7 @@ def test_OV_and_QK_compute_what_the_model_does(model):
     OV, QK = model.OV, model.QK
     causal = torch.ones(7, 7, dtype=torch.bool).tril()
     for layer in range(2):
-        x = cache[f"blocks.{layer}.ln1.hook_normalized"][0]  # [pos d_model]
+        x = cache[f"blocks.{layer}.ln1.hook_out"][0]  # [pos d_model], what the attention reads
         with torch.no_grad():
             scores = x @ QK[layer].AB @ x.T / 5 ** 0.5  # [head query_pos key_pos]
             out = (cache[f"blocks.{layer}.attn.hook_pattern"][0] @ (x @ OV[layer].AB)).sum(0)
