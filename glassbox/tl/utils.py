@@ -15,12 +15,11 @@ the same list in a ``datasets.Dataset`` would be) and never adds a pad token to 
 
 import json
 import os
-import re
 from typing import Optional
 
 import torch
 
-from ..interp.act_names import act_name
+from ..interp.act_names import act_name, split_compact
 from ..interp.axis_slice import Slice, SliceInput
 from ..interp.lm_metrics import next_token_accuracy
 from ..interp.prompts import format_prompt_report, prompt_report
@@ -54,9 +53,9 @@ def get_act_name(name, layer=None, layer_type=None) -> str:
         raise KeyError(f"activation name must be a string, got {name!r}")
     if ("." in name or name.startswith("hook_")) and layer is None and layer_type is None:
         return name
-    compact = re.match(r"([a-z]+)(\d+)([a-z]?.*)", name)
-    if compact is not None:  # "k6" -> ("k", 6), "scale4ln1" -> ("scale", 4, "ln1")
-        name, layer, layer_type = compact.groups()
+    compact = split_compact(name)
+    if compact is not None:  # "k6" -> ("k", 6), "scale4ln1" -> ("scale", 4, "ln1"); they replace the arguments
+        name, layer, layer_type = compact
     if isinstance(layer, str) and layer.isdigit():
         layer = int(layer)
     layer_type = layer_type or None
