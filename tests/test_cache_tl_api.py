@@ -15,8 +15,8 @@ from glassbox import Config, HookedTransformer
 CFG = Config(d_model=13, n_layers=3, n_heads=2, d_head=5, d_mlp=19, d_vocab=31, n_ctx=11, init_range=0.2)
 CONFIGS = {
     "gpt2": CFG,
-    "rms_gated_rotary": CFG.replace(normalization="RMS", gated_mlp=True, act_fn="silu", positional="rotary", rotary_dim=4,
-                                    use_bias=False),
+    "rms_gated_rotary": CFG.replace(normalization="RMS", gated_mlp=True, act_fn="silu", positional="rotary",
+                                    rotary_dim=4, use_bias=False),
     "attn_only": CFG.replace(attn_only=True),
 }
 
@@ -71,7 +71,9 @@ def bias(module, name, d_model):
 def test_neuron_results_plus_b_out_are_the_mlp_output(run):
     config, model, _, cache = run
     if config == "attn_only":
-        pytest.skip("no MLP")
+        with pytest.raises(ValueError, match="attention-only"):
+            cache.stack_neuron_results(-1)
+        return
     stack, labels = cache.stack_neuron_results(-1, return_labels=True)
     d_mlp = CFG.d_mlp
     assert labels == [f"L{l}N{n}" for l in range(3) for n in range(d_mlp)] and stack.shape == (3 * d_mlp, 2, 7, 13)
@@ -298,7 +300,8 @@ def test_apply_slice_to_batch_dim_picks_sequences(gpt2):
     for batch_slice, picked in ((1, 1), ([1, 0], [1, 0]), (slice(1, None), slice(1, None)),
                                 (torch.tensor([False, True]), [1])):
         part = cache.apply_slice_to_batch_dim(batch_slice)
-        assert part.has_batch_dim == (not isinstance(batch_slice, int)) and torch.equal(part.tokens, cache.tokens[picked])
+        assert part.has_batch_dim == (not isinstance(batch_slice, int))
+        assert torch.equal(part.tokens, cache.tokens[picked])
         for name in cache:
             assert torch.equal(part[name], cache[name][picked]), name
         torch.testing.assert_close(part.decompose_resid(apply_ln=True), cache.decompose_resid(apply_ln=True)[:, picked],

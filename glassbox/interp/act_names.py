@@ -3,8 +3,8 @@
 ``act_name("pattern", 3)`` -> ``"blocks.3.attn.hook_pattern"``; ``act_name("q", 2, "attn")`` checks
 that q lives in attn; ``act_name("scale", 1, "ln2")`` -> ``"blocks.1.ln2.hook_scale"``;
 ``act_name("scale")`` -> ``"ln_final.hook_scale"``. ``split_compact`` reads TransformerLens's compact
-strings ("k6" is ("k", 6), "scale4ln1" is ("scale", 4, "ln1")) by plain parsing. A kind ending in ``_grad`` names the gradient
-entry of a cache (``"resid_pre_grad", 0`` -> ``"blocks.0.hook_resid_pre_grad"``).
+strings ("k6" is ("k", 6), "scale4ln1" is ("scale", 4, "ln1")) by plain parsing. A kind ending in
+``_grad`` names the gradient entry of a cache (``"resid_pre_grad", 0`` -> ``"blocks.0.hook_resid_pre_grad"``).
 
 Footgun: the name is built whether or not the model has that hook; the cache lookup is what fails,
 naming the closest cached keys.

@@ -168,7 +168,8 @@ class ActivationCache(Mapping):
         data = {name: index_axis(t, batch_slice, 0, "batch_slice") for name, t in self._data.items()}
         tokens, mask = (index_axis(t, batch_slice, 0, "batch_slice") if t is not None else None
                         for t in (self.tokens, self.attention_mask))
-        keeps_axis = not (isinstance(batch_slice, Integral) or (isinstance(batch_slice, Tensor) and batch_slice.ndim == 0))
+        keeps_axis = not (isinstance(batch_slice, Integral)
+                          or (isinstance(batch_slice, Tensor) and batch_slice.ndim == 0))
         return self._like(data, keeps_axis, tokens, mask)
 
     # -- analysis (see glassbox.interp.resid for the maths and the exact-LayerNorm contract) -----

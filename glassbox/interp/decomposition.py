@@ -21,7 +21,8 @@ from .resid import apply_ln_to_stack, attn_only, decompose_resid, norm_at, stack
 from .slices import PosSlice, slice_pos, stream_layer
 
 
-def accumulated_bias(model, layer, mlp_input: bool = False, include_mlp_biases: bool = True) -> Float[Tensor, "d_model"]:
+def accumulated_bias(model, layer, mlp_input: bool = False,
+                     include_mlp_biases: bool = True) -> Float[Tensor, "d_model"]:
     """The sum of the output biases written before stream position ``layer``: every b_O (and b_out with
     ``include_mlp_biases``) of the blocks before it, and ``layer``'s own b_O with ``mlp_input``."""
     n_layers = model.cfg.n_layers

@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .resid import apply_ln_to_stack, norm_at, stream_at
+from .resid import apply_ln_to_stack, attn_only, norm_at, stream_at
 from .slices import Index, PosSlice, block_layer, index_axis, neuron_labels, slice_pos, stream_layer
 
 
@@ -31,6 +31,7 @@ def get_neuron_results(cache, layer, neuron_slice: Index = None, pos_slice: PosS
     d_model], or [... neuron n] / [... neuron] projected onto a [d_model n] / [d_model] tensor. An int
     ``neuron_slice`` drops the neuron axis. Needs mlp.hook_post in the cache; nothing is cached."""
     model = cache.model
+    _check_mlps(model)
     layer = block_layer(model.cfg, layer)
     acts = index_axis(slice_pos(cache, cache[("post", layer)], pos_slice), neuron_slice, -1, "neuron_slice")
     W_out = index_axis(model.blocks[layer].mlp.W_out.detach().to(acts.device, acts.dtype), neuron_slice, 0,
@@ -55,11 +56,13 @@ def stack_neuron_results(cache, layer, pos_slice: PosSlice = None, neuron_slice:
     (ln2, resid_mid) rather than its attention input.
     """
     model = cache.model
+    _check_mlps(model)
     layer = stream_layer(model.cfg, layer)
     if incl_remainder or apply_ln:
         norm_at(cache, layer, mlp_input)  # a remainder or a norm needs a pre-norm residual stream
-    if isinstance(neuron_slice, (Integral, np.integer)) or (isinstance(neuron_slice, Tensor) and neuron_slice.ndim == 0):
-        neuron_slice = [int(neuron_slice)]
+    if isinstance(neuron_slice, (Integral, np.integer)) or (isinstance(neuron_slice, Tensor)
+                                                            and neuron_slice.ndim == 0):
+        neuron_slice = [int(neuron_slice)]  # one row per layer, as an index list of one
     labels = neuron_labels(range(layer), model.cfg.d_mlp, neuron_slice)
     reference = slice_pos(cache, stream_at(cache, layer, mlp_input), pos_slice)
     p = None if project_output_onto is None else _directions(project_output_onto, model.cfg.d_model, reference)
@@ -100,6 +103,11 @@ def _ln_projected(cache, l: int, layer: int, mlp_input: bool, neuron_slice, pos_
     if affine:
         W = W * norm.w.detach().to(W.device, W.dtype)
     return (acts / scale)[..., None] * (W @ p2)
+
+
+def _check_mlps(model) -> None:
+    if attn_only(model):
+        raise ValueError("an attention-only model has no MLP neurons (cfg.attn_only=True)")
 
 
 def _directions(p: Tensor, d_model: int, like: Tensor) -> Float[Tensor, "d_model ..."]:
