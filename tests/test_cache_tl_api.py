@@ -174,6 +174,23 @@ def test_compute_head_results_adds_result_entries(run):
     assert cache["result", 0] is kept  # an entry already there is left as it is
 
 
+def test_head_results_equal_the_forward_pass_hook_result(gpt2):
+    """With use_attn_result the forward pass writes each head's result itself; the cache's z @ W_O equals it."""
+    model, _, cache = gpt2
+    model.set_use_attn_result(True)
+    try:
+        with torch.no_grad():
+            _, with_results = model.run_with_cache(cache.tokens)
+    finally:
+        model.set_use_attn_result(False)
+    stack = with_results.stack_head_results()
+    for l in range(3):
+        torch.testing.assert_close(stack[2 * l:2 * l + 2], with_results["result", l].movedim(-2, 0), atol=0, rtol=0)
+    cached = with_results["result", 0]
+    with_results.compute_head_results()
+    assert with_results["result", 0] is cached
+
+
 # -- the full decomposition ---------------------------------------------------------------------------
 @pytest.mark.parametrize("layer, mlp_input", [(None, False), (-1, False), (2, True), (1, False), (0, False)])
 def test_full_decomposition_sums_to_the_stream(run, layer, mlp_input):

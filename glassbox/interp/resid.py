@@ -160,7 +160,8 @@ def stack_head_results(cache, layer=-1, return_labels: bool = False, incl_remain
     entering ``layer`` (the stream minus every other row), so the rows sum to that stream. ``layer=0``
     gives no head rows (an empty stack unless ``incl_remainder``). Computed from ``hook_z`` (never from
     a cached ``hook_result``), so it needs hook_z in the cache and holds with or without
-    use_attn_result. ``apply_ln``: see ``apply_ln_to_stack`` (``affine`` too).
+    use_attn_result; a hook that edited ``hook_result`` in the run is not seen. ``apply_ln``: see
+    ``apply_ln_to_stack`` (``affine`` too).
     """
     model = cache.model
     layer = stream_layer(model.cfg, layer)

@@ -22,7 +22,13 @@ computed from hook_z and W_O and not added to the cache by ``stack_head_results`
 ``layer=0`` is the stream entering block 0 (TransformerLens reads the last block's resid_post); a
 negative ``layer`` other than -1 counts from the end instead of failing; ``remove_batch_dim`` on a
 batch of several raises a ValueError (not an AssertionError); the fused ``project_output_onto`` with
-``apply_ln`` and ``mlp_input`` reads ln2's scale (TransformerLens reads ln1's).
+``apply_ln`` and ``mlp_input`` reads ln2's scale (TransformerLens reads ln1's); an attention-only
+model's ``get_full_resid_decomposition`` works (TransformerLens reads a missing MLP bias);
+``apply_slice_to_batch_dim`` slices every entry (glassbox's caches have no unbatched entries) and the
+tokens and mask with them.
+
+Footgun (as in glassbox): with use_attn_result and a hook that edits ``hook_result``, the cached
+``hook_result`` holds the edited writes while ``stack_head_results`` gives z @ W_O.
 """
 
 import logging
