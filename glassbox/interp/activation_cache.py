@@ -1,4 +1,4 @@
-"""ActivationCache: a read-only mapping from hook name to a cached activation.
+"""ActivationCache: a mapping from hook name to a cached activation.
 
 Keys are full hook names (``"blocks.3.attn.hook_pattern"``), TransformerLens shorthand tuples
 (``cache["pattern", 3]``, ``cache["scale", 1, "ln2"]``) or compact strings (``cache["k6"]``,
@@ -15,9 +15,13 @@ changes them; they are still ordinary tensors, so editing one in place edits the
 The analysis methods (``glassbox.interp.resid``, ``neurons``, ``decomposition``) take layer
 arguments as stream positions: None or -1 is the stream entering the unembedding (see ``slices``).
 
+The mapping has no item assignment; ``cache_dict`` (TransformerLens's attribute) is the live dict, so
+writing to it writes to the cache, and ``compute_head_results`` adds entries. ``to``,
+``remove_batch_dim`` and ``apply_slice_to_batch_dim`` return new caches.
+
 Footguns: the analysis methods read the model's *current* weights. Editing weights after caching makes
-decompositions that mix old activations with new weights. ``cache_dict`` is the live dict: writing
-to it writes to the cache. ``toggle_autodiff`` changes torch's global grad mode, for every model.
+decompositions that mix old activations with new weights. ``toggle_autodiff`` changes torch's global
+grad mode, for every model.
 """
 
 import logging
