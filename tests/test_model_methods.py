@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from glassbox.models import Config, HookedTransformer
-from glassbox.models.generate import generate_tl_style
+from glassbox.models.generate import generate_from_embeds, generate_tl_style
 from glassbox.models.kv_cache import KVCache
 from glassbox.models.tokenize import TokenInputError
 
@@ -274,8 +274,8 @@ def test_generate_tl_style_progress_bar_logits_and_refusals(model, capsys):
         generate_tl_style(model, "It was", 2, return_type="logits")
     with pytest.raises(TypeError, match="num_beams"):
         generate_tl_style(model, "It was", 2, num_beams=2)
-    with pytest.raises(ValueError, match="embeddings"):
-        generate_tl_style(model, torch.zeros(1, 3, 16), 2)
+    with pytest.raises(ValueError, match="freq_penalty needs the prompt's tokens"):
+        generate_tl_style(model, torch.zeros(1, 3, 16), 2, freq_penalty=1.0)
     bare = seeded(2, d_vocab=31, n_ctx=12)
     with pytest.raises(ValueError, match="stop_at_eos=True needs an eos_token_id"):
         generate_tl_style(bare, torch.tensor([[1, 2]]), 2)
@@ -292,3 +292,23 @@ def test_freq_penalty_forbids_repeats_when_huge(model):
         model.generate(prompt, 2, freq_penalty=1.0)
     with pytest.raises(ValueError, match="freq_penalty must be"):
         model.generate(prompt, 2, do_sample=True, freq_penalty=-1.0)
+
+
+def test_generate_from_embeds_equals_generate_from_the_tokens(model):
+    prompt = model.to_tokens(["Elizabeth read the", "It was a dark"], padding_side="left")[:, 1:]  # no pads
+    expected = model.generate(prompt, 6, eos_token_id=None)
+    new, embeds = generate_from_embeds(model, model.W_E[prompt].detach(), 6, eos_token_id=None)
+    assert torch.equal(new, expected[:, prompt.shape[1]:])
+    assert torch.equal(embeds, model.W_E[expected])
+    assert torch.equal(generate_tl_style(model, model.W_E[prompt].detach(), 6, do_sample=False, stop_at_eos=False,
+                                         return_type="tokens", verbose=False), new)
+    assert generate_tl_style(model, model.W_E[prompt].detach(), 6, do_sample=False, stop_at_eos=False,
+                             verbose=False).shape == (2, prompt.shape[1] + 6, 16)
+    seen = []
+    with model.hooks(fwd_hooks=[("hook_pos_embed", lambda x, hook: seen.append(hook.ctx["step"]))]):
+        generate_from_embeds(model, model.W_E[prompt[:1]].detach(), 3, eos_token_id=None)
+    assert seen == [0, 1, 2] and all("step" not in p.ctx for p in model.hook_dict.values())
+    with pytest.raises(ValueError, match="float64.*float32"):
+        generate_from_embeds(model, model.W_E[prompt].detach().double(), 2)
+    with pytest.raises(ValueError, match="exceed n_ctx=24"):
+        generate_from_embeds(model, model.W_E[prompt].detach(), 24)

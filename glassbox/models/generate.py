@@ -23,6 +23,7 @@ Contract:
 - ``freq_penalty`` (sampling only) subtracts ``freq_penalty * count`` from each token's tempered
   logit, counting the real tokens of the row so far (prompt and new; pads are not counted, where
   TransformerLens counts them). ``verbose`` shows a tqdm progress bar over the steps.
+- ``generate_from_embeds`` continues from token embeddings (a soft prompt), recomputing every step.
 - ``generate_tl_style`` is TransformerLens's ``HookedTransformer.generate`` (its argument names,
   defaults and return types) in terms of ``generate``.
 
@@ -152,6 +153,66 @@ def generate(model, input: Union[str, list, Integer[Tensor, "batch pos"], np.nda
     return out, logits
 
 
+def generate_from_embeds(model, embeds: Float[Tensor, "batch pos d_model"], max_new_tokens: int,
+                         do_sample: bool = False, temperature: float = 1.0, top_k: Optional[int] = None,
+                         top_p: Optional[float] = None, eos_token_id=..., seed: Optional[int] = None,
+                         output_logits: bool = False, verbose: bool = False) -> tuple:
+    """Continue from token embeddings [batch pos d_model] (rows of W_E, or any vectors: a soft prompt).
+
+    Each step's residual stream is the embeddings so far plus the position embeddings
+    (``hook_pos_embed`` runs; ``hook_embed`` does not, the input being embeddings already), and the
+    whole sequence is recomputed each step (no key-value cache). Every row is real (no padding).
+    Sampling and EOS as in ``generate``. Returns (new tokens [batch new], embeddings
+    [batch pos+new d_model]: the input, then ``model.embed`` of each new token), and the logits
+    [batch new d_vocab] as a third element with ``output_logits``.
+    """
+    _check_options(max_new_tokens, temperature, top_k, top_p)
+    for name, flag in (("do_sample", do_sample), ("output_logits", output_logits), ("verbose", verbose)):
+        check_flag(name, flag)
+    d_model, W_E = model.cfg.d_model, model.embed.W_E
+    if not isinstance(embeds, Tensor) or embeds.ndim != 3 or embeds.shape[-1] != d_model or embeds.shape[1] == 0:
+        raise ValueError(f"embeds must be [batch pos d_model={d_model}] with pos >= 1, got "
+                         f"{tuple(embeds.shape) if isinstance(embeds, Tensor) else type(embeds).__name__}")
+    if embeds.dtype != W_E.dtype or embeds.device != W_E.device:
+        raise ValueError(f"embeds are {embeds.dtype} on {embeds.device}, the model {W_E.dtype} on {W_E.device}")
+    if embeds.shape[1] + max_new_tokens > model.cfg.n_ctx:
+        raise ValueError(f"{embeds.shape[1]} positions + max_new_tokens={max_new_tokens} exceed n_ctx={model.cfg.n_ctx}")
+    stops, eos = _eos_ids(model, eos_token_id)
+    generator = torch.Generator(device=embeds.device).manual_seed(seed) if seed is not None else None
+    points = list(model.hook_dict.values())
+    finished = torch.zeros(embeds.shape[0], dtype=torch.bool, device=embeds.device)
+    new_tokens, step_logits = [], []
+    with model.hook_guard.claim("generate"):
+        try:
+            with torch.no_grad():
+                for step in _steps(max_new_tokens, verbose):
+                    for point in points:
+                        point.ctx["step"] = step
+                    resid = embeds
+                    if model.pos_embed is not None:
+                        positions = torch.arange(embeds.shape[1], device=embeds.device).expand(embeds.shape[:2])
+                        resid = embeds + model.hook_pos_embed(model.pos_embed(positions))
+                    last = model(resid, start_at_layer=0)[:, -1]
+                    step_logits.append(last)
+                    new = sample_next(last, do_sample, temperature, top_k, top_p, generator)
+                    if stops is not None:
+                        new = torch.where(finished, torch.full_like(new, eos), new)
+                        finished |= torch.isin(new, stops)
+                    new_tokens.append(new)
+                    embeds = torch.cat([embeds, model.embed(new[:, None])], dim=1)
+                    if stops is not None and bool(finished.all()):
+                        break
+        finally:
+            for point in points:
+                point.ctx.pop("step", None)
+    batch = embeds.shape[0]
+    tokens = torch.stack(new_tokens, 1) if new_tokens else torch.zeros(batch, 0, dtype=torch.long, device=embeds.device)
+    if not output_logits:
+        return tokens, embeds
+    logits = torch.stack(step_logits, 1) if step_logits else embeds.new_zeros((batch, 0, model.cfg.d_vocab))
+    return tokens, embeds, logits
+
+
 def _check_options(max_new_tokens, temperature, top_k, top_p) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
@@ -229,20 +290,26 @@ def generate_tl_style(model, input: Union[str, list, Tensor] = "", max_new_token
                       verbose: bool = True, **generation_kwargs):
     """TransformerLens's ``HookedTransformer.generate``: its names, defaults and return types.
 
-    - ``return_type``: "input" (text in -> text out, token ids [batch pos] in -> ids out), "str"
-      (each row decoded without special tokens: one string for one row, else a list), "tokens"
-      (ids [batch pos + new], the prompt included) or "embeds" (``model.embed`` of those ids
-      [batch pos + new d_model], no positions, hooks not run).
+    - ``input``: text, a list of texts, token ids [batch pos], or token embeddings
+      [batch pos d_model] (``generate_from_embeds``: no key-value cache, no freq_penalty).
+    - ``return_type``: "input" (text in -> text out, ids in -> ids out, embeddings in -> embeddings
+      out), "str" (each row decoded without special tokens: one string for one row, else a list),
+      "tokens" (ids [batch pos + new], the prompt included) or "embeds" (``model.embed`` of those
+      ids [batch pos + new d_model], no positions, hooks not run). From embeddings, "tokens" and
+      "str" give the new tokens only, and "embeds" the input followed by the new tokens' embeddings.
     - ``stop_at_eos``: stop at ``eos_token_id`` (an id or a list of ids; None: the tokenizer's EOS,
       an error without one); finished rows are padded with the EOS. ``temperature=0`` or
       ``do_sample=False`` is greedy. ``top_k`` wins over ``top_p`` when both are given, as there.
     - A list of several strings is padded on the left (TransformerLens forces it); one string or
-      token ids use ``padding_side`` (None: the tokenizer's).
+      token ids use ``padding_side`` (None: the tokenizer's). Every given token id is read as real
+      (TransformerLens masks trailing pad ids of a token input).
     - ``output_logits=True`` (the one ``generation_kwargs`` key, as there) returns a
       ``transformers`` ``GenerateDecoderOnlyOutput`` with ``sequences`` and ``logits`` (a tuple of
       [batch d_vocab], one per new token); other keys are refused by name.
-    Not supported: embeddings [batch pos d_model] as input (refused). Sampling draws from torch's
-    global generator, as TransformerLens does, though not the same draws.
+    Sampling draws from torch's
+    global generator, as TransformerLens does, though not the same draws; top-p keeps a token when
+    the tokens ranked before it hold less than top_p (TransformerLens: at most top_p, a difference
+    only at exact equality); freq_penalty counts real tokens only (TransformerLens also counts pads).
     """
     output_logits = generation_kwargs.pop("output_logits", False)
     generation_kwargs.pop("return_dict_in_generate", None)
@@ -253,11 +320,9 @@ def generate_tl_style(model, input: Union[str, list, Tensor] = "", max_new_token
         raise ValueError(f"return_type must be one of {list(TL_RETURN_TYPES)}, got {return_type!r}")
     for name, flag in (("stop_at_eos", stop_at_eos), ("do_sample", do_sample), ("output_logits", output_logits)):
         check_flag(name, flag)
-    if isinstance(input, (Tensor, np.ndarray)) and input.ndim == 3:
-        raise ValueError("generate from embeddings [batch pos d_model] is not supported; pass text or token ids")
-    text = isinstance(input, (str, list))
+    from_embeds = isinstance(input, Tensor) and input.ndim == 3
     if return_type == "input":
-        return_type = "str" if text else "tokens"
+        return_type = "str" if isinstance(input, (str, list)) else "embeds" if from_embeds else "tokens"
     if isinstance(input, list) and len(input) > 1:
         padding_side = "left"
     eos = None
@@ -266,12 +331,19 @@ def generate_tl_style(model, input: Union[str, list, Tensor] = "", max_new_token
         if eos is None:
             raise ValueError("stop_at_eos=True needs an eos_token_id: the model has no tokenizer with an EOS")
     greedy = not do_sample or temperature == 0
-    result = generate(model, input, max_new_tokens, do_sample=not greedy, temperature=1.0 if greedy else temperature,
-                      top_k=None if greedy else top_k, top_p=None if greedy or top_k is not None else top_p,
-                      eos_token_id=eos, use_past_kv_cache=use_past_kv_cache, prepend_bos=prepend_bos,
-                      padding_side=model.resolve_padding_side(padding_side), output_logits=output_logits,
-                      freq_penalty=0.0 if greedy else freq_penalty, verbose=verbose)
-    tokens, logits = result if output_logits else (result, None)
+    sampling = dict(do_sample=not greedy, temperature=1.0 if greedy else temperature, top_k=None if greedy else top_k,
+                    top_p=None if greedy or top_k is not None else top_p, eos_token_id=eos,
+                    output_logits=output_logits, verbose=verbose)
+    if from_embeds:
+        if freq_penalty:
+            raise ValueError("freq_penalty needs the prompt's tokens; it does not apply to embeddings input")
+        tokens, embeds, *logits = generate_from_embeds(model, input, max_new_tokens, **sampling)
+        logits = logits[0] if logits else None
+    else:
+        result = generate(model, input, max_new_tokens, use_past_kv_cache=use_past_kv_cache, prepend_bos=prepend_bos,
+                          padding_side=model.resolve_padding_side(padding_side),
+                          freq_penalty=0.0 if greedy else freq_penalty, **sampling)
+        tokens, logits = result if output_logits else (result, None)
     if output_logits:
         from transformers.generation.utils import GenerateDecoderOnlyOutput
 
@@ -279,6 +351,8 @@ def generate_tl_style(model, input: Union[str, list, Tensor] = "", max_new_token
     if return_type == "tokens":
         return tokens
     if return_type == "embeds":
+        if from_embeds:
+            return embeds
         with torch.no_grad():
             return model.embed(tokens)
     texts = [model.tokenizer.decode(row, skip_special_tokens=True) for row in tokens.tolist()]
