@@ -33,6 +33,9 @@ Footgun (as in glassbox): with use_attn_result and a hook that edits ``hook_resu
 
 import logging
 
+import numpy as np
+from torch import Tensor
+
 from ..interp import activation_cache
 from ..interp.slices import stream_layer
 
@@ -43,7 +46,8 @@ def as_index(index):
     """A TransformerLens slice input (None, int, tuple, slice, list, array, tensor, Slice) as glassbox's."""
     if isinstance(index, tuple):
         return slice(*index)
-    if hasattr(index, "mode") and hasattr(index, "slice"):  # utils.Slice: its identity mode is None
+    if not isinstance(index, (Tensor, np.ndarray)) and hasattr(index, "mode") and hasattr(index, "slice"):
+        # utils.Slice (glassbox's or TransformerLens's): the index it holds; its identity mode is None
         return None if index.mode == "identity" else index.slice
     return index
 
