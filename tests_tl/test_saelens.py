@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from datasets import Dataset
 from sae_lens import LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunner, LoggingConfig
-from sae_lens import StandardTrainingSAEConfig
+from sae_lens import StandardTrainingSAE, StandardTrainingSAEConfig
 from sae_lens.evals import EvalConfig, run_evals
 from sae_lens.training.activation_scaler import ActivationScaler
 from sae_lens.training.activations_store import ActivationsStore
@@ -118,9 +118,9 @@ def trained(model, rows):
     return train(model, rows)
 
 
-def eval_store(model, rows: torch.Tensor) -> ActivationsStore:
+def eval_store(model, rows: torch.Tensor, cfg=None) -> ActivationsStore:
     """An activations store over the held-out rows, read in order from the first."""
-    cfg = runner_config()
+    cfg = cfg or runner_config()
     return ActivationsStore.from_config(model, cfg, override_dataset=token_dataset(rows[N_TRAIN_ROWS:]))
 
 
@@ -129,11 +129,15 @@ def eval_tokens(rows: torch.Tensor) -> torch.Tensor:
     return rows[N_TRAIN_ROWS:N_TRAIN_ROWS + EVAL_BATCH * EVAL_BATCHES]
 
 
-def evals(sae, model, rows, **flags) -> dict:
+def evals(sae, model, rows, cfg=None, **flags) -> dict:
     config = EvalConfig(batch_size_prompts=EVAL_BATCH, n_eval_reconstruction_batches=EVAL_BATCHES,
                         n_eval_sparsity_variance_batches=EVAL_BATCHES, **flags)
-    metrics, _ = run_evals(sae, eval_store(model, rows), model, ActivationScaler(), config)
+    metrics, _ = run_evals(sae, eval_store(model, rows, cfg), model, ActivationScaler(), config)
     return metrics
+
+
+ALL_METRICS = dict(compute_ce_loss=True, compute_kl=True, compute_variance_metrics=True,
+                   compute_sparsity_metrics=True, compute_l2_norms=True)
 
 
 def held_out_acts(model, rows) -> torch.Tensor:
@@ -303,9 +307,7 @@ def test_store_activations_equal_transformer_lens(model, twin, rows):
 
 def test_evals_equal_transformer_lens(model, twin, rows, trained):
     _, _, sae = trained
-    flags = dict(compute_ce_loss=True, compute_kl=True, compute_variance_metrics=True,
-                 compute_sparsity_metrics=True, compute_l2_norms=True)
-    ours, theirs = evals(sae, model, rows, **flags), evals(sae, twin, rows, **flags)
+    ours, theirs = evals(sae, model, rows, **ALL_METRICS), evals(sae, twin, rows, **ALL_METRICS)
     assert {k: set(v) for k, v in ours.items()} == {k: set(v) for k, v in theirs.items()}
     for group, values in ours.items():
         for name, value in values.items():
@@ -313,6 +315,55 @@ def test_evals_equal_transformer_lens(model, twin, rows, trained):
             # bound 1.5e-6 relative: 14x
             assert abs(value - theirs[group][name]) <= 1.5e-6 * max(1.0, abs(value)), \
                 (name, value, theirs[group][name])
+
+
+# hook, head index, d_in: activations with a head axis (flattened, or one head), the MLP's hidden
+# layer, a norm's output (TransformerLens 3.x's pre-affine hook_normalized), attention and MLP outputs
+HOOK_VARIANTS = [("blocks.1.attn.hook_z", None, 192), ("blocks.1.attn.hook_z", 2, 64),
+                 ("blocks.0.attn.hook_v", None, 192), ("blocks.0.mlp.hook_post", None, 768),
+                 ("blocks.1.ln2.hook_normalized", None, 192), ("blocks.1.hook_attn_out", None, 192),
+                 ("blocks.1.hook_mlp_out", None, 192), ("blocks.0.hook_resid_pre", None, 192)]
+
+
+@pytest.mark.parametrize("hook,head,d_in", HOOK_VARIANTS, ids=[f"{h}-{i}" for h, i, _ in HOOK_VARIANTS])
+def test_other_hooks_equal_transformer_lens(model, twin, rows, hook, head, d_in):
+    """SAELens's activations and evals at other hooks, glassbox against TransformerLens, with an SAE
+    as initialised (seeded): the SAE is the same on both sides, so any gap is the model's."""
+    cfg = runner_config(hook_name=hook, hook_head_index=head,
+                        sae=StandardTrainingSAEConfig(d_in=d_in, d_sae=2 * d_in, l1_coefficient=1.0))
+    torch.manual_seed(1)
+    sae = StandardTrainingSAE(cfg.sae)
+    sae.cfg.metadata.hook_name, sae.cfg.metadata.hook_head_index = hook, head
+    toks = eval_tokens(rows)[:EVAL_BATCH]
+    ours = eval_store(model, rows, cfg).get_activations(toks)
+    theirs = eval_store(twin, rows, cfg).get_activations(toks)
+    assert ours.shape == theirs.shape == (EVAL_BATCH, CTX, d_in)
+    # measured worst 1.8e-6 of the largest activation (hook_attn_out; largest 2.1 to 51), bound 2e-5: 11x
+    assert max_diff(ours, theirs) < 2e-5 * float(theirs.abs().max())
+    got, want = evals(sae, model, rows, cfg, **ALL_METRICS), evals(sae, twin, rows, cfg, **ALL_METRICS)
+    assert {k: set(v) for k, v in got.items()} == {k: set(v) for k, v in want.items()}
+    for group, values in want.items():
+        for name, value in values.items():
+            if name.endswith("_score"):
+                # a ratio of loss differences, which the random SAE makes small (scores -0.45..0.03):
+                # measured worst 8.8e-6 (ce_loss_score, hook_z head 2), bound 1e-4: 11x
+                bound = 1e-4
+            else:
+                # measured worst 2.3e-7 relative (kl_div_with_ablation), bound 2.5e-6 relative: 11x
+                bound = 2.5e-6 * max(1.0, abs(value))
+            assert abs(got[group][name] - value) <= bound, (hook, name, got[group][name], value)
+
+
+def test_prefetching_trains_the_same_sae(model, rows, trained):
+    """prefetch_llm_batches runs the model in a background thread (SAELens's PrefetchingIterator): the
+    glassbox hook guard lets it, and the data, hence the SAE, are the same, bit for bit."""
+    _, _, sae = trained
+    torch.manual_seed(0)
+    runner = LanguageModelSAETrainingRunner(runner_config(prefetch_llm_batches=True), override_model=model,
+                                            override_dataset=token_dataset(rows[:N_TRAIN_ROWS]))
+    prefetched = runner.run()
+    for name, value in sae.state_dict().items():
+        assert torch.equal(prefetched.state_dict()[name], value), name
 
 
 def test_training_on_transformer_lens_gives_the_same_sae(model, twin, rows, trained):
@@ -332,9 +383,7 @@ def test_plain_glassbox_model_gives_the_same_evals(model, rows, trained):
     """glassbox's own HookedTransformer (no TransformerLens layer) runs SAELens's evals too, bit-equal."""
     _, _, sae = trained
     plain = glassbox.HookedTransformer.from_pretrained("glassbox-austen")
-    flags = dict(compute_ce_loss=True, compute_kl=True, compute_variance_metrics=True,
-                 compute_sparsity_metrics=True, compute_l2_norms=True)
-    assert evals(sae, plain, rows, **flags) == evals(sae, model, rows, **flags)
+    assert evals(sae, plain, rows, **ALL_METRICS) == evals(sae, model, rows, **ALL_METRICS)
 
 
 # -- untokenized text: SAELens tokenizes each document whole, then cuts rows of context_size ----------
