@@ -395,3 +395,19 @@ def test_from_pretrained_on_cuda(austen):
     with torch.no_grad():
         model(t, past_kv_cache=past)
     assert past.entries[0].past_keys.is_cuda
+
+
+def test_pretrained_config_without_weights():
+    from glassbox.tl.loading_from_pretrained import get_pretrained_model_config
+
+    cfg = get_pretrained_model_config("gpt2-small", fold_ln=True)
+    # GPT-2 small's published sizes.
+    assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_mlp, cfg.d_vocab, cfg.n_ctx) == \
+        (12, 768, 12, 64, 3072, 50257, 1024)
+    assert cfg.normalization_type == "LNPre" and cfg.act_fn == "gelu_new" and cfg.model_name == "gpt2-small"
+    shipped = get_pretrained_model_config("glassbox-austen")
+    model = tl.HookedTransformer.from_pretrained("glassbox-austen", device="cpu", fold_ln=False)
+    for field in ("n_layers", "d_model", "n_heads", "d_mlp", "d_vocab", "n_ctx", "normalization_type", "n_params"):
+        assert getattr(shipped, field) == getattr(model.cfg, field), field
+    with pytest.raises(ValueError, match="checkpoint_index not supported"):
+        get_pretrained_model_config("gpt2", checkpoint_index=1)

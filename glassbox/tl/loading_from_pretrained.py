@@ -36,3 +36,30 @@ def get_official_model_name(model_name: str) -> str:
             return official
     raise ValueError(f"{model_name!r} is not a model glassbox can load by name; the names are "
                      f"{', '.join(OFFICIAL_MODEL_NAMES)} (and their aliases), or pass a local Hugging Face folder")
+
+
+def get_pretrained_model_config(model_name: str, hf_cfg=None, checkpoint_index=None, checkpoint_value=None,
+                                fold_ln: bool = False, device=None, n_devices: int = 1,
+                                default_prepend_bos=None, dtype=None, first_n_layers=None, n_ctx=None, **kwargs):
+    """The HookedTransformerConfig ``HookedTransformer.from_pretrained(model_name, fold_ln=fold_ln)`` builds,
+    read from the model's config alone (no weights are loaded). Checkpoints, several devices, a cut
+    number of layers or context, and other options are refused by name."""
+    import torch
+
+    from ..weights.pretrained import config_of
+    from .config import HookedTransformerConfig
+
+    refused = dict(hf_cfg=hf_cfg, checkpoint_index=checkpoint_index, checkpoint_value=checkpoint_value,
+                   first_n_layers=first_n_layers, n_ctx=n_ctx, **kwargs)
+    named = [name for name, value in refused.items() if value is not None]
+    if named or n_devices != 1:
+        raise ValueError(f"get_pretrained_model_config: {', '.join(named or ['n_devices'])} not supported by glassbox")
+    cfg = config_of(get_official_model_name(model_name))
+    fields = dict(normalization_type=cfg.normalization + ("Pre" if fold_ln and cfg.norm_placement == "pre" else ""),
+                  dtype=dtype if dtype is not None else torch.float32, model_name=model_name,
+                  layer_norm_folding=fold_ln)
+    if device is not None:
+        fields["device"] = str(device)
+    if default_prepend_bos is not None:
+        fields["default_prepend_bos"] = default_prepend_bos
+    return HookedTransformerConfig.from_glassbox(cfg, **fields)

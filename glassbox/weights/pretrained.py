@@ -26,8 +26,8 @@ from .files import PYTORCH_BIN, read_config, read_state_dict, weight_shapes, wei
 from .gpt2 import config_from_hf
 from .processing import ALL_STEPS, process
 
-__all__ = ["DEFAULT_MODEL", "HUB_MODELS", "from_hf", "from_pretrained", "hub_config", "load_folder", "resolve",
-           "save_pretrained", "shipped_models", "to_hf"]
+__all__ = ["DEFAULT_MODEL", "HUB_MODELS", "config_of", "from_hf", "from_pretrained", "hub_config", "load_folder",
+           "resolve", "save_pretrained", "shipped_models", "to_hf"]
 
 # Hub names -> (n_layer, n_embd, n_head); vocabulary 50257 and context 1024 for all of them.
 HUB_MODELS = {
@@ -95,12 +95,20 @@ def from_pretrained(name_or_path, device=None, dtype: torch.dtype = torch.float3
     return process(model, **steps) if any(steps.values()) else model
 
 
-def load_folder(folder: Path, device=None, dtype: torch.dtype = torch.float32,
-                tokenizer=None) -> HookedTransformer:
-    """A Hugging Face GPT-2, Llama or GPT-J folder -> HookedTransformer; errors name the file or tensor."""
+def config_of(name_or_path) -> Config:
+    """The Config of a model ``from_pretrained`` can load, without reading (or downloading) its weights:
+    a hub name's from its sizes, a folder's (or shipped model's) from its config.json."""
+    if str(name_or_path) in HUB_MODELS and not Path(str(name_or_path)).expanduser().is_dir():
+        return hub_config(str(name_or_path)).replace(model_name=str(name_or_path))
+    folder = resolve(name_or_path)
+    hf_config, model_type, arch = _folder_config(folder)
+    return _config_from(arch, hf_config, folder)
+
+
+def _folder_config(folder: Path) -> tuple:
+    """(hf_config, model_type, architecture) of a folder, its config.json's fields checked."""
     import transformers
 
-    folder = Path(folder)
     config = read_config(folder)
     source = str(folder / "config.json")
     model_type = config.get("model_type")
@@ -110,15 +118,28 @@ def load_folder(folder: Path, device=None, dtype: torch.dtype = torch.float32,
         hf_config = getattr(transformers, arch.hf_config_class).from_dict(config)
     except Exception as err:  # transformers validates some fields itself, with its own error types
         raise ValueError(f"{source}: transformers refused the config ({type(err).__name__}: {err})") from err
+    return hf_config, model_type, arch
+
+
+def _config_from(arch, hf_config, folder: Path) -> Config:
+    try:
+        return arch.config_from(hf_config).replace(model_name=folder.name)
+    except ValueError as err:
+        raise ValueError(f"{folder / 'config.json'}: {err}") from err
+
+
+def load_folder(folder: Path, device=None, dtype: torch.dtype = torch.float32,
+                tokenizer=None) -> HookedTransformer:
+    """A Hugging Face GPT-2, Llama or GPT-J folder -> HookedTransformer; errors name the file or tensor."""
+    folder = Path(folder)
+    source = str(folder / "config.json")
+    hf_config, model_type, arch = _folder_config(folder)
     weights = weights_file(folder)
     # A PyTorch checkpoint has no header to read shapes from: it is read once, here.
     tensors = read_state_dict(folder) if weights.name == PYTORCH_BIN else None
     shapes = {k: tuple(v.shape) for k, v in tensors.items()} if tensors is not None else weight_shapes(folder)
     check_against_weights(hf_config, model_type, shapes, source, str(weights))
-    try:
-        cfg = arch.config_from(hf_config).replace(model_name=folder.name)
-    except ValueError as err:
-        raise ValueError(f"{source}: {err}") from err
+    cfg = _config_from(arch, hf_config, folder)
     state = arch.to_glassbox(tensors if tensors is not None else read_state_dict(folder), cfg, source=str(weights))
     tokenizer_source = "the tokenizer= argument"
     if tokenizer is None and any((folder / f).is_file() for f in TOKENIZER_FILES):
