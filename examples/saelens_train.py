@@ -13,8 +13,11 @@ hook that splicing in the SAE's reconstruction avoids), KL divergence, explained
 
 The default (a TopK SAE, k 32, 1,536 features, 1M training tokens, 244 steps of 4,096) took 92 s of
 CPU time on one thread of an AMD EPYC and recovered 88% of the CE loss on the held-out text (3.82
-nats clean, 4.24 with the SAE, 7.39 zero-ablated; explained variance 0.77, L0 32). ``--out DIR`` keeps the trained SAE (SAELens's ``save_inference_model`` files there;
-load it back with ``sae_lens.SAE.load_from_disk(DIR)``).
+nats clean, 4.24 with the SAE, 7.39 zero-ablated; explained variance 0.77, L0 32).
+
+``--out DIR`` keeps the trained SAE (SAELens's ``save_inference_model`` files there; load it back
+with ``sae_lens.SAE.load_from_disk(DIR)``). ``glassbox.tl.HookedTransformer`` (TransformerLens's
+surface) works in place of glassbox's own model, with the same numbers.
 """
 
 import argparse

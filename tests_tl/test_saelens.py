@@ -3,10 +3,12 @@
 The model is ``glassbox.tl.HookedTransformer.from_pretrained_no_processing("glassbox-austen")``, the
 call SAELens's own ``load_model`` makes on ``transformer_lens.HookedTransformer``; glassbox's plain
 ``HookedTransformer`` gives the same numbers bit for bit.
-``LanguageModelSAETrainingRunner(cfg, override_model=model, override_dataset=<local tokens>)`` trains a standard SAE on ``blocks.0.hook_resid_post`` from Austen text shipped beside this file
+``LanguageModelSAETrainingRunner(cfg, override_model=model, override_dataset=<local tokens>)`` trains
+a standard SAE on ``blocks.0.hook_resid_post`` from Austen text shipped beside this file
 (``data/austen_tail.txt``: the last 197 KB of ``data/austen.txt``, inside the 5% the model never
-trained on). Then SAELens's own ``run_evals`` computes CE-loss recovered and its other metrics on
-the glassbox model, and each number is checked three ways: against a hand computation from plain
+trained on; its first 330 rows of 128 tokens train the SAE, the other 86 are held out). Then
+SAELens's own ``run_evals`` computes CE-loss recovered and its other metrics on the glassbox model,
+and each number is checked three ways: against a hand computation from plain
 glassbox forwards (SAELens's formulas written out), against the untrained SAE, and against the
 same evals run on TransformerLens 3.9 holding the same weights (``tl_oracle.tl_twin``). Last, a
 subprocess blocks the real TransformerLens and registers glassbox.tl in its place
@@ -179,7 +181,7 @@ def test_runner_trains_on_glassbox_resid(model, rows, trained):
     metrics = runner.evaluator(sae, runner.activations_store, ActivationScaler())
     assert set(metrics) == {"model_performance_preservation", "reconstruction_quality", "shrinkage", "sparsity",
                             "token_stats"}
-    # measured 0.77 (on the training rows after the last ones training read)
+    # measured 0.77 (it reads the training rows, from where training stopped)
     assert 0.6 < metrics["model_performance_preservation"]["ce_loss_score"] < 0.9
 
 
