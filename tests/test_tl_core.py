@@ -411,3 +411,12 @@ def test_pretrained_config_without_weights():
         assert getattr(shipped, field) == getattr(model.cfg, field), field
     with pytest.raises(ValueError, match="checkpoint_index not supported"):
         get_pretrained_model_config("gpt2", checkpoint_index=1)
+
+
+def test_config_of_reads_no_weights(austen, tmp_path):
+    from glassbox.weights.pretrained import config_of
+
+    assert config_of("glassbox-austen") == austen.cfg
+    (tmp_path / "config.json").write_text((glassbox.weights.pretrained.SHIPPED_DIR / "glassbox-austen" /
+                                           "config.json").read_text())
+    assert config_of(tmp_path).replace(model_name="glassbox-austen") == austen.cfg  # a folder without weights

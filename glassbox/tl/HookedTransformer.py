@@ -12,11 +12,14 @@ glassbox method are glassbox's own; only the surface differs. ``model.cfg`` is a
   TransformerLens's, not its values for a given seed.
 - ``from_pretrained(name, fold_ln=True, center_writing_weights=True, center_unembed=True,
   refactor_factored_attn_matrices=False, fold_value_biases=True, ...)``: TransformerLens's processing
-  defaults. glassbox's own ``from_pretrained`` processes nothing. ``from_pretrained_no_processing``
-  turns every step off.
+  defaults (glassbox's own ``from_pretrained`` processes nothing). ``from_pretrained_no_processing``
+  turns every step off. ``from_glassbox(model, ...)`` does the same for an in-memory glassbox model;
+  ``load_and_process_state_dict`` and ``process_weights_`` process in place, as in TransformerLens
+  (a TransformerLens state dict loads too).
 - ``forward`` takes TransformerLens's positional order (input, return_type, loss_per_token,
   prepend_bos, padding_side, start_at_layer, tokens, shortformer_pos_embed, attention_mask,
-  stop_at_layer, past_kv_cache).
+  stop_at_layer, past_kv_cache); ``padding_side=None`` (also in ``to_tokens``) is the model's
+  ``default_padding_side``. ``run_with_cache`` takes TransformerLens's arguments (``tl_run_with_cache``).
 
 Processing, as TransformerLens 3.9 does it: ``fold_ln`` folds each norm into its readers, and for
 LayerNorm also removes the readers' d_model mean (glassbox's ``center_reader_weights``);
@@ -127,7 +130,6 @@ class HookedTransformer(_GlassboxTransformer):
         folder, or ``hf_model``) and process its weights with TransformerLens's defaults."""
         from ..weights import from_hf
         from ..weights import from_pretrained as load
-        from ..weights.processing import process_state_dict
 
         if "torch_dtype" in from_pretrained_kwargs:  # TransformerLens's older name wins, as there
             dtype = from_pretrained_kwargs.pop("torch_dtype")

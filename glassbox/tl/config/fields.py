@@ -47,7 +47,7 @@ ARCHITECTURE = (
     "normalization_type", "positional_embedding_type", "rotary_dim", "rotary_base", "rotary_adjacent_pairs",
     "parallel_attn_mlp", "gated_mlp", "attn_only", "initializer_range", "init_mode", "use_attn_scale",
     "attn_scale", "n_params",
-) + ()
+)
 
 DESCRIPTIVE = (
     "model_name", "original_architecture", "tokenizer_name", "seed", "from_checkpoint", "checkpoint_index",

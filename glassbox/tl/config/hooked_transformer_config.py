@@ -8,9 +8,13 @@ grouped-query heads, soft caps, a final RMSNorm under LayerNorm blocks, ...) are
 ``ValueError`` naming the field and value; an unknown field is a ``TypeError``, as for the dataclass.
 
 Reading: every TransformerLens field (``cfg.d_vocab_out``, ``cfg.n_params``, ``cfg.attn_scale``...),
-and every glassbox field and method (``cfg.normalization``, ``cfg.positional``, ``cfg.replace``),
-delegated to ``cfg.glassbox``, so glassbox code handed this object keeps working. ``to_dict()`` is
-TransformerLens's (its field names): ``HookedTransformerConfig(**cfg.to_dict())`` rebuilds it.
+and every glassbox field and method (``cfg.normalization``, ``cfg.positional``, ``cfg.replace``): the
+class subclasses glassbox's ``Config`` and carries copies of ``cfg.glassbox``'s fields, so glassbox
+code handed this object (typed ``cfg: Config``) keeps working; ``cfg.replace(...)`` returns a plain
+glassbox Config. Fields both share (``act_fn``, ``d_mlp``, ``default_prepend_bos``, ``model_name``...)
+hold TransformerLens's value. ``to_dict()`` is TransformerLens's (its field names):
+``HookedTransformerConfig(**cfg.to_dict())`` rebuilds it; ``dataclasses.asdict(cfg)`` gives glassbox's
+fields, and ``dataclasses.replace(cfg, ...)`` does not work (use ``cfg.replace``).
 
 Writing, once the config belongs to a model (``model.cfg``): the four hook flags write through to
 ``model.hook_flags`` (``cfg.use_attn_result = True`` is ``model.set_use_attn_result(True)``);
@@ -28,14 +32,14 @@ import copy
 import dataclasses
 import pprint
 import random
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import numpy as np
 import torch
 
 from ...models import Config
 from ...models.config import ACT_FNS
-from .fields import ARCHITECTURE, DESCRIPTIVE, FLAGS, REFUSED, TL_DEFAULTS
+from .fields import DESCRIPTIVE, FLAGS, REFUSED, TL_DEFAULTS
 
 POSITIONAL_TO_GLASSBOX = {"standard": "learned", "rotary": "rotary"}
 POSITIONAL_FROM_GLASSBOX = {"learned": "standard", "rotary": "rotary", "sinusoidal": "sinusoidal"}
