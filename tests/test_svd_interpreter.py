@@ -87,3 +87,18 @@ def test_tl_interpreter_has_transformer_lens_shape_and_the_same_values(model):
 def test_bad_arguments_are_named(model, kwargs, message):
     with pytest.raises(ValueError, match=message):
         singular_vocab_directions(model, **kwargs)
+
+
+@pytest.mark.parametrize("layout, norm", [(dict(parallel_attn_mlp=True), "ln1"), (dict(norm_placement="post"), None)])
+def test_w_in_folds_the_norm_the_mlp_reads(layout, norm):
+    """A parallel (GPT-J) block's MLP reads ln1; a post-norm block's MLP reads the raw resid_mid."""
+    torch.manual_seed(1)
+    model = HookedTransformer(Config(d_model=13, n_layers=1, n_heads=3, d_head=5, d_mlp=19, d_vocab=23, n_ctx=11,
+                                     **layout), dtype=F64).eval()
+    perturb_vectors(model)
+    block = model.blocks[0]
+    w_in = block.mlp.W_in.T.detach()
+    if norm is not None:
+        w_in = w_in * getattr(block, norm).w.detach()
+    got = singular_vocab_directions(model, "w_in", 0, k=13)
+    assert_equal_up_to_sign(got, reference(w_in, model.W_U.detach(), 13), atol=0)  # the same SVD call

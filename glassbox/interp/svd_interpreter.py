@@ -8,11 +8,13 @@ unembedding ``W_U`` (no final norm): [d_vocab k], column i for the i-th largest 
 | kind | matrix [rows d_model] | right singular vectors live in |
 | --- | --- | --- |
 | "OV" | head's OV circuit W_V[head] @ W_O[head] [d_model d_model] (a FactoredMatrix, never formed) | output space |
-| "w_in" | W_in^T [d_mlp d_model], times ln2's weight per column when the block's ln2 has one | MLP input space |
+| "w_in" | W_in^T [d_mlp d_model], times the weight of the norm the MLP reads, per column | MLP input space |
 | "w_out" | W_out [d_mlp d_model] | MLP output space |
 
 This is the method of Millidge & Black's SVD post and of TransformerLens's ``SVDInterpreter``, with
-the same matrices (ln2's weight folded into W_in as TransformerLens does when its model keeps it).
+the same matrices (ln2's weight folded into W_in as TransformerLens does when its model keeps it;
+glassbox models keep it unless processed). The norm folded is the one the MLP reads: ln2 in a
+pre-norm block, ln1 in a parallel (GPT-J) block, none in a post-norm block (ln2 follows the MLP).
 
 Footguns: a singular vector is defined only up to its sign (and, for repeated singular values, up
 to a rotation), so compare columns up to sign; it differs between devices and SVD algorithms.
@@ -57,13 +59,23 @@ def singular_directions(model, kind: str, layer: int, head: Optional[int] = None
         raise ValueError(f"block {layer} has no MLP with W_in/W_out (an attention-only model?)")
     if kind == "w_in":
         matrix = mlp.W_in.transpose(-2, -1)  # [d_mlp d_model]
-        ln2_w = getattr(getattr(block, "ln2", None), "w", None)
-        if ln2_w is not None:  # the MLP reads x * w (before the bias): fold w into the columns
-            matrix = matrix * ln2_w
+        norm_w = _mlp_norm_weight(model, block)
+        if norm_w is not None:  # the MLP reads x_normalised * w (+ b): fold w into the columns
+            matrix = matrix * norm_w
     else:
         matrix = mlp.W_out
     full = matrix.float() if matrix.dtype in (torch.float16, torch.bfloat16) else matrix
     return torch.linalg.svd(full)[2]
+
+
+def _mlp_norm_weight(model, block) -> Optional[Tensor]:
+    """The weight of the norm right before the MLP: ln2 in a pre-norm block, ln1 in a parallel one
+    (its MLP reads ln1's output), none in a post-norm block (its ln2 follows the MLP)."""
+    cfg = model.cfg
+    if cfg.norm_placement != "pre":
+        return None
+    norm = getattr(block, "ln1" if cfg.parallel_attn_mlp else "ln2", None)
+    return getattr(norm, "w", None)
 
 
 def singular_vocab_directions(model, kind: str, layer: int, head: Optional[int] = None,
