@@ -227,3 +227,14 @@ def test_permanent_hooks_obey_the_thread_guard(model, tiny_tokens):
     thread.join()
     assert len(errors) == 3 and all("held by" in e for e in errors)
     assert not model.has_hooks
+
+
+def test_setup_again_keeps_the_guard_and_open_blocks(model, tiny_tokens):
+    # SAELens swaps a hook point for its wrapper module and calls setup() again.
+    guard = model.hook_guard
+    calls = []
+    with model.hooks(fwd_hooks=[("hook_embed", counter(calls, "block"))]):
+        model.setup()
+        assert model.hook_guard is guard and model.context_level == 1
+        run(model, tiny_tokens)
+    assert calls == ["block"] and not model.has_hooks and model.context_level == 0

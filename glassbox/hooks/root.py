@@ -47,11 +47,15 @@ class HookedRootModule(nn.Module):
     hook_guard: HookStateGuard
 
     def setup(self) -> None:
-        self.hook_guard = HookStateGuard()
+        """Name the hook points. Calling it again (after swapping a submodule, as SAELens does) renames
+        them and keeps the thread guard and any open ``hooks()`` blocks."""
+        if "hook_guard" not in self.__dict__:
+            self.hook_guard = HookStateGuard()
+        if "_hook_scopes" not in self.__dict__:
+            # One list of handles per open hooks() block, outermost first: len() is the context level.
+            self._hook_scopes = []
         self.hook_dict = {}
         self.mod_dict = {}
-        # One list of handles per open hooks() block, outermost first: len() is the context level.
-        self._hook_scopes: list = []
         for name, module in self.named_modules():
             if name:
                 self.mod_dict[name] = module
