@@ -420,3 +420,23 @@ def test_config_of_reads_no_weights(austen, tmp_path):
     (tmp_path / "config.json").write_text((glassbox.weights.pretrained.SHIPPED_DIR / "glassbox-austen" /
                                            "config.json").read_text())
     assert config_of(tmp_path).replace(model_name="glassbox-austen") == austen.cfg  # a folder without weights
+
+
+def test_transformer_lens_s_weight_views_and_helpers(with_tokenizer):
+    model = tiny()
+    stacked = torch.stack([block.attn.b_Q for block in model.blocks])
+    assert torch.equal(model.b_Q, stacked) and model.W_gate is None
+    assert model.W_E_pos.shape == (53 + 16, 24) and model.n_params_total == sum(p.numel() for p in model.parameters())
+    bias_free = tl.HookedTransformer.from_glassbox(glassbox.HookedTransformer(glassbox.models.preset_config(
+        "modern", d_model=16, n_layers=2, n_heads=2, d_vocab=29, n_ctx=8)))
+    assert bias_free.b_Q.shape == (2, 2, 8) and not bias_free.b_Q.any() and not bias_free.b_U.any()
+    assert bias_free.W_gate.shape == (2, 16, bias_free.cfg.d_mlp)
+    with pytest.raises(AttributeError):  # no MLP, as in TransformerLens
+        tiny(attn_only=True).b_in
+    scores = model.all_composition_scores("Q")
+    assert scores.shape == (2, 3, 2, 3) and not scores[1, :, 0].any()  # later layers only
+    from glassbox.models import gpt2_tokenizer
+
+    other = copy.deepcopy(with_tokenizer)
+    other.set_tokenizer(gpt2_tokenizer(), default_padding_side="left")
+    assert other.default_padding_side == "left"

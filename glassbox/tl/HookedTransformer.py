@@ -40,6 +40,7 @@ from ..models import HookedTransformer as _GlassboxTransformer
 from ..models import gpt2_tokenizer
 from .config.fields import FLAGS
 from .config.hooked_transformer_config import HookedTransformerConfig, default_device
+from ._run_with_cache import tl_run_with_cache
 from .loading_from_pretrained import get_official_model_name
 
 Loss = Tensor  # a 0-d mean loss, or [batch pos-1] per token
@@ -253,6 +254,73 @@ class HookedTransformer(_GlassboxTransformer):
     def move_model_modules_to_device(self) -> "HookedTransformer":
         return self.to(self.cfg._values["device"])
 
+    def set_tokenizer(self, tokenizer, default_padding_side: Optional[str] = None) -> None:
+        """Use ``tokenizer``; ``default_padding_side`` (None: the tokenizer's) becomes the model's default."""
+        if default_padding_side not in ("left", "right", None):
+            raise ValueError(f"default_padding_side must be 'left', 'right' or None, got {default_padding_side!r}")
+        self.tokenizer = tokenizer
+        self.default_padding_side = default_padding_side or getattr(tokenizer, "padding_side", None) or "right"
+
+    def init_weights(self) -> None:
+        """Initialise every weight again (glassbox's scheme; see the module docstring)."""
+        from ..models.init import init_weights
+
+        with torch.no_grad():
+            init_weights(self, self.cfg.glassbox)
+
+    def set_ungroup_grouped_query_attention(self, ungroup_grouped_query_attention: bool) -> None:
+        """Recorded only: glassbox's attention has a key and value per head, so there is nothing to ungroup."""
+        self.cfg._values["ungroup_grouped_query_attention"] = bool(ungroup_grouped_query_attention)
+
+    # -- TransformerLens's weight views: [layer ...] copies; a bias the model does not have reads as zeros,
+    # which is what TransformerLens holds for it and what it computes.
+    def _bias(self, module: str, name: str, shape: tuple) -> Tensor:
+        rows = []
+        for block in self.blocks:
+            part = getattr(block, module, None)
+            if part is None:
+                raise AttributeError(f"{name}: block {block.layer} has no {module} (an attention-only model)")
+            value = getattr(part, name, None)
+            rows.append(value if value is not None else self.W_E.new_zeros(shape))
+        return torch.stack(rows)
+
+    b_Q = property(lambda self: self._bias("attn", "b_Q", (self.cfg.n_heads, self.cfg.d_head)),
+                   doc="[layer head d_head]")
+    b_K = property(lambda self: self._bias("attn", "b_K", (self.cfg.n_heads, self.cfg.d_head)),
+                   doc="[layer head d_head]")
+    b_V = property(lambda self: self._bias("attn", "b_V", (self.cfg.n_heads, self.cfg.d_head)),
+                   doc="[layer head d_head]")
+    b_O = property(lambda self: self._bias("attn", "b_O", (self.cfg.d_model,)), doc="[layer d_model]")
+    b_in = property(lambda self: self._bias("mlp", "b_in", (self.cfg.d_mlp,)), doc="[layer d_mlp]")
+    b_out = property(lambda self: self._bias("mlp", "b_out", (self.cfg.d_model,)), doc="[layer d_model]")
+
+    @property
+    def b_U(self) -> Tensor:
+        """[d_vocab]; zeros where the model has no unembedding bias."""
+        value = getattr(self.unembed, "b_U", None)
+        return value if value is not None else self.W_E.new_zeros(self.cfg.d_vocab)
+
+    @property
+    def W_gate(self) -> Optional[Tensor]:
+        """[layer d_model d_mlp] of a gated MLP, else None (as in TransformerLens)."""
+        return self._stacked("mlp", "W_gate") if self.cfg.gated_mlp else None
+
+    @property
+    def W_E_pos(self) -> Tensor:
+        """[d_vocab+n_ctx d_model]: the token and position embeddings, stacked."""
+        return torch.cat([self.W_E, self.W_pos], dim=0)
+
+    @property
+    def n_params_total(self) -> int:
+        """Every parameter's element count (``cfg.n_params`` counts the attention and MLP matrices only)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def all_composition_scores(self, mode: str) -> Tensor:
+        """[layer head layer head] Q, K or V composition scores; see ``glassbox.interp.composition``."""
+        from ..interp.composition import all_composition_scores
+
+        return all_composition_scores(self, mode)
+
     # -- running -------------------------------------------------------------------------------
     def forward(self, input, return_type: Optional[str] = "logits", loss_per_token: bool = False,
                 prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
@@ -307,74 +375,3 @@ def tl_steps(gcfg, fold_ln: bool, center_writing_weights: bool, center_unembed: 
         if chosen:
             steps.append(name)
     return steps
-
-
-FORWARD_ARGS = ("input", "return_type", "loss_per_token", "prepend_bos", "padding_side", "start_at_layer", "tokens",
-                "shortformer_pos_embed", "attention_mask", "stop_at_layer", "past_kv_cache")
-# TransformerLens slices pos_slice along this axis (from the end); every other activation: -2.
-POS_AXIS_3 = ("hook_q", "hook_k", "hook_v", "hook_z", "hook_result")
-
-
-def tl_run_with_cache(model, model_args: tuple, names_filter=None, device=None, remove_batch_dim: bool = False,
-                      incl_bwd: bool = False, reset_hooks_end: bool = True, clear_contexts: bool = False,
-                      pos_slice=None, return_cache_object: bool = True, **model_kwargs):
-    """(output, cache) with TransformerLens's arguments, mapped onto ``glassbox.interp.cache.run_with_cache``.
-
-    - ``model_args`` are the forward's positional arguments in TransformerLens's order; the forward's
-      keywords pass through.
-    - ``names_filter``: None, a name, a list of names or a callable; unlike TransformerLens an unknown
-      name raises KeyError (TransformerLens caches nothing for it, silently).
-    - ``incl_bwd``: gradients of the loss (the forward runs with return_type "both"; the output is what
-      return_type asked for); parameters' ``.grad`` are left unchanged (TransformerLens's
-      ``backward()`` accumulates into them).
-    - ``reset_hooks_end=False`` (leaving the caching hooks attached) is refused; ``clear_contexts``
-      empties every hook point's ``ctx`` afterwards.
-    - ``pos_slice``: a ``Slice`` (or what ``Slice`` takes) applied to each cached activation's position
-      axis, as TransformerLens chooses it: third from the end for q, k, v, z and result, else second.
-    - ``return_cache_object``: a ``glassbox.tl.ActivationCache`` (False: a plain dict).
-    """
-    from ..interp.cache import run_with_cache
-
-    if not reset_hooks_end:
-        raise ValueError("run_with_cache(reset_hooks_end=False) is not supported: glassbox always removes the "
-                         "caching hooks it added; add your own with model.add_hook")
-    if len(model_args) > len(FORWARD_ARGS):
-        raise TypeError(f"run_with_cache got {len(model_args)} positional arguments for the forward; it takes "
-                        f"at most {len(FORWARD_ARGS)}")
-    for name, value in zip(FORWARD_ARGS, model_args):
-        if name in model_kwargs:
-            raise TypeError(f"run_with_cache got multiple values for the forward's argument {name!r}")
-        model_kwargs[name] = value
-    if "input" not in model_kwargs:
-        raise TypeError("run_with_cache needs the model's input")
-    if model_kwargs.pop("shortformer_pos_embed", None) is not None:
-        raise ValueError("shortformer_pos_embed is not supported: glassbox has no shortformer positions")
-    if model_kwargs.get("padding_side") is None:
-        model_kwargs["padding_side"] = model.default_padding_side
-    out, cache = run_with_cache(model, model_kwargs.pop("input"), names_filter=names_filter, device=device,
-                                remove_batch_dim=remove_batch_dim, incl_bwd=incl_bwd, **model_kwargs)
-    data = dict(cache.items()) if hasattr(cache, "items") else dict(cache._data)
-    if pos_slice is not None:
-        from .utils import Slice
-
-        pos_slice = Slice.unwrap(pos_slice)
-        for name, value in data.items():
-            axis = -3 if name.removesuffix("_grad").endswith(POS_AXIS_3) else -2
-            if value.ndim >= -axis:
-                data[name] = pos_slice.apply(value, dim=axis)
-    if clear_contexts:
-        for point in model.hook_dict.values():
-            point.ctx.clear()
-    if not return_cache_object:
-        return out, data
-    return out, activation_cache_class()(data, model, has_batch_dim=not remove_batch_dim, tokens=cache.tokens,
-                                         attention_mask=cache.attention_mask)
-
-
-def activation_cache_class():
-    """glassbox.tl's ActivationCache (TransformerLens's methods), or glassbox's where it is not there."""
-    try:
-        from .ActivationCache import ActivationCache
-    except ImportError:
-        from ..interp.activation_cache import ActivationCache
-    return ActivationCache
