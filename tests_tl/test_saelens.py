@@ -55,16 +55,6 @@ TRAINING_TOKENS = 64_000
 D_SAE = 768
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread here: these matrices are small, and on a shared 2-core machine two threads
-    spinning against other jobs made training 7x slower (62 s against 8.6 s)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def load_model():
     return glassbox.tl.HookedTransformer.from_pretrained_no_processing("glassbox-austen")
 
@@ -452,7 +442,7 @@ def aliased_run(out: str) -> None:
     """In a process where ``transformer_lens`` is glassbox.tl: SAELens loads the model by name, trains
     as ``train`` does, evaluates, and runs HookedSAETransformer; the results go to ``out`` (JSON) and
     ``out + ".pt"`` (the SAE's weights)."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # as conftest.py sets it in the test process, so the SAE comes out the same
     import transformer_lens
     from sae_lens import HookedSAETransformer
     from sae_lens.saes.sae import SAE
