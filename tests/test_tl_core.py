@@ -440,3 +440,15 @@ def test_transformer_lens_s_weight_views_and_helpers(with_tokenizer):
     other = copy.deepcopy(with_tokenizer)
     other.set_tokenizer(gpt2_tokenizer(), default_padding_side="left")
     assert other.default_padding_side == "left"
+
+
+def test_run_with_cache_clear_contexts_and_unknown_names():
+    model = tiny()
+    model.hook_dict["blocks.0.hook_resid_pre"].ctx["seen"] = 1
+    model.run_with_cache(toks(), names_filter="hook_embed")
+    assert model.hook_dict["blocks.0.hook_resid_pre"].ctx == {"seen": 1}
+    model.run_with_cache(toks(), names_filter="hook_embed", clear_contexts=True)
+    assert model.hook_dict["blocks.0.hook_resid_pre"].ctx == {}
+    # Unlike TransformerLens (which caches nothing for it), an unknown name is an error.
+    with pytest.raises(KeyError, match="blocks.0.hook_resid_prefix"):
+        model.run_with_cache(toks(), names_filter=["blocks.0.hook_resid_prefix"])
