@@ -394,8 +394,8 @@ def test_text_dataset_rows_equal_transformer_lens(model, twin):
     for _ in range(3):
         toks = ours.get_batch_tokens()
         assert torch.equal(toks, theirs.get_batch_tokens())
-        # as for token rows: measured 2.6e-6 (activations up to 20), bound 3e-5
-        assert max_diff(ours.get_activations(toks), theirs.get_activations(toks)) < 3e-5
+        # measured 6.7e-6 with to_tokens returning every token (activations up to 20), bound 7e-5: 10x
+        assert max_diff(ours.get_activations(toks), theirs.get_activations(toks)) < 7e-5
 
 
 # -- SAELens on glassbox.tl alone: the real TransformerLens blocked, glassbox.tl in its place ------------
@@ -417,7 +417,7 @@ test_saelens.aliased_run(sys.argv[2])
 """
 # What SAELens 6.54 imports from transformer_lens that glassbox.tl leaves out: TransformerLens 3's newer
 # TransformerBridge API (out of scope: glassbox.tl is the HookedTransformer-era surface), imported
-# only by sae_lens.analysis.sae_transformer_bridge, which ``import sae_lens`` skips when it fails.
+# only by sae_lens.analysis.sae_transformer_bridge, which ``import sae_lens`` skips on an ImportError.
 LEFT_OUT = {("transformer_lens.model_bridge", "TransformerBridge")}
 
 
