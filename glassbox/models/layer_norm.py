@@ -1,9 +1,9 @@
 """LayerNorm with TransformerLens 3.x's hook points, plus ``hook_out``.
 
-For input x [... d_model]: ``hook_scale`` [... 1] is sqrt(var + eps), the divisor;
-``hook_normalized`` [... d_model] is (x - mean) / scale, before the weight w and bias b (as in
-TransformerLens 3.x); ``hook_out`` [... d_model] is the norm's output normalized * w + b, what the next
-component reads. The leading axes are [batch pos], or [batch pos head] for ln1 under
+For input x [batch pos d_model] (or [batch pos head d_model], see below): ``hook_scale`` [.. 1] is
+sqrt(var + eps), the divisor; ``hook_normalized`` [.. d_model] is (x - mean) / scale, before the weight
+w and bias b (as in TransformerLens 3.x); ``hook_out`` [.. d_model] is the norm's output
+normalized * w + b, what the next component reads. The leading axes are [batch pos], or [batch pos head] for ln1 under
 ``use_attn_in`` / ``use_split_qkv_input``.
 
 The output comes from the fused kernel (no [.. d_model] temporaries, the same bits as an unhooked run)
@@ -33,7 +33,7 @@ class LayerNorm(nn.Module):
         self.hook_normalized = HookPoint()
         self.hook_out = HookPoint()
 
-    def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+    def forward(self, x: Float[Tensor, "batch pos *head d_model"]) -> Float[Tensor, "batch pos *head d_model"]:
         explicit = self.hook_normalized.has_hooks
         if self.hook_scale.has_hooks or explicit:
             scale = (x.var(-1, correction=0, keepdim=True) + self.eps).sqrt()

@@ -1,8 +1,8 @@
 """RMSNorm (Llama's normalisation) with the same hook points as LayerNorm.
 
-out = x / sqrt(mean(x^2) + eps) * w: no centering and no bias. ``hook_scale`` [... 1] is the divisor
-sqrt(mean(x^2) + eps); ``hook_normalized`` [... d_model] is x / scale, before w (as in every
-TransformerLens version); ``hook_out`` [... d_model] the output normalized * w. As in LayerNorm, the
+out = x / sqrt(mean(x^2) + eps) * w: no centering and no bias. ``hook_scale`` [.. 1] is the divisor
+sqrt(mean(x^2) + eps); ``hook_normalized`` [.. d_model] is x / scale, before w (as in every
+TransformerLens version); ``hook_out`` [.. d_model] the output normalized * w. As in LayerNorm, the
 fused kernel computes the output unless a hook is on ``hook_normalized`` or a hook on ``hook_scale``
 replaced or edited the scale.
 
@@ -29,7 +29,7 @@ class RMSNorm(nn.Module):
         self.hook_normalized = HookPoint()
         self.hook_out = HookPoint()
 
-    def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+    def forward(self, x: Float[Tensor, "batch pos *head d_model"]) -> Float[Tensor, "batch pos *head d_model"]:
         explicit = self.hook_normalized.has_hooks
         if self.hook_scale.has_hooks or explicit:
             mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.shape[-1]
