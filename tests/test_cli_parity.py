@@ -10,6 +10,6 @@ def test_parity_command_on_a_folder(tiny_model, tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     out = run.stdout
-    for stage in ("blocks.0.hook_resid_pre", "blocks.1.attn.hook_pattern", "ln_final.hook_normalized", "logits"):
+    for stage in ("blocks.0.hook_resid_pre", "blocks.1.attn.hook_pattern", "ln_final.hook_out", "logits"):
         assert stage in out
     assert "PARITY HOLDS" in out
