@@ -220,6 +220,11 @@ def test_to_tokens_truncate_and_device(model):
     cut = model.to_tokens(long, truncate=True)
     full = [50256] + model.tokenizer.encode(long, add_special_tokens=False)
     assert cut.tolist() == [full[:24]]
+    assert model.to_tokens(long, truncate=False).tolist() == [full]  # every token, as TransformerLens's
+    with pytest.raises(ValueError, match="n_ctx"):
+        model(model.to_tokens(long, truncate=False))  # the forward still refuses them
+    with pytest.raises(TypeError, match="truncate"):
+        model.to_tokens(long, truncate="no")
     assert model.to_tokens("hi", move_to_device=False).device.type == "cpu"
     # padding_side=None: the tokenizer's side (GPT-2's is right), TransformerLens's default
     assert model.tokenize(["a b c", "a"], padding_side=None)[1].tolist()[1] == [True, True, False, False]

@@ -386,9 +386,6 @@ def text_store(model) -> ActivationsStore:
     return ActivationsStore.from_config(model, cfg, override_dataset=Dataset.from_dict({"text": paragraphs}))
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "to_tokens(text, truncate=False) refuses a text longer than n_ctx; TransformerLens returns all its "
-    "tokens, which SAELens then cuts into rows of context_size"))
 def test_text_dataset_rows_equal_transformer_lens(model, twin):
     ours, theirs = text_store(model), text_store(twin)
     for _ in range(3):

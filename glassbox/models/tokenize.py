@@ -73,16 +73,18 @@ class TokenizerMixin:
 
     def tokenize(
         self, input: TextInput, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = "right",
-        truncate: bool = False,
+        truncate: Optional[bool] = None,
     ) -> tuple:
         """Text or list of texts -> (tokens [batch pos], attention_mask [batch pos] bool or None).
 
-        The mask is None when every row has the same length (nothing is padded). A text longer than
-        n_ctx is an error, unless ``truncate``: then each row keeps its first n_ctx tokens (BOS
-        included), as TransformerLens's ``to_tokens`` does by default.
+        The mask is None when every row has the same length (nothing is padded). ``truncate`` says
+        what happens to a text longer than n_ctx: None (the default) refuses it; True keeps each
+        row's first n_ctx tokens (BOS included), as TransformerLens's ``to_tokens`` does by default;
+        False keeps every token, as TransformerLens's ``to_tokens(truncate=False)`` does, for callers
+        that cut the rows themselves (the forward pass still refuses more than n_ctx positions).
         """
         padding_side = self.resolve_padding_side(padding_side)
-        check_flag("truncate", truncate)
+        check_flag("truncate", truncate, optional=True)
         texts = [input] if isinstance(input, str) else input
         if not isinstance(texts, (list, tuple)) or not texts or not all(isinstance(t, str) for t in texts):
             raise ValueError("text input must be a string or a non-empty list of strings")
@@ -95,7 +97,7 @@ class TokenizerMixin:
         for text, row in zip(texts, rows):
             if not row:
                 raise ValueError(f"text {text!r} tokenizes to no tokens")
-            if len(row) > self.cfg.n_ctx:
+            if truncate is None and len(row) > self.cfg.n_ctx:
                 raise ValueError(
                     f"text tokenizes to {len(row)} tokens, longer than n_ctx={self.cfg.n_ctx}: {text[:60]!r}..."
                 )
@@ -112,11 +114,11 @@ class TokenizerMixin:
 
     def to_tokens(self, input: TextInput, prepend_bos: Optional[bool] = None,
                   padding_side: Optional[str] = "right", move_to_device: bool = True,
-                  truncate: bool = False) -> Int[Tensor, "batch pos"]:
+                  truncate: Optional[bool] = None) -> Int[Tensor, "batch pos"]:
         """Token ids [batch pos]; pads (if any) use ``pad_token_id``. Use ``tokenize`` for the mask.
 
-        ``move_to_device=False`` leaves them on the CPU; ``truncate`` as in ``tokenize`` (off by
-        default here: TransformerLens truncates silently, glassbox refuses unless asked).
+        ``move_to_device=False`` leaves them on the CPU; ``truncate`` as in ``tokenize`` (None by
+        default here: TransformerLens truncates silently, glassbox refuses unless told which).
         """
         check_flag("move_to_device", move_to_device)
         tokens = self.tokenize(input, prepend_bos, padding_side, truncate)[0]

@@ -336,15 +336,27 @@ class HookedTransformer(_GlassboxTransformer):
                                past_kv_cache=past_kv_cache, start_at_layer=start_at_layer, tokens=tokens)
 
     def tokenize(self, input, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
-                 truncate: bool = False) -> tuple:
+                 truncate: Optional[bool] = None) -> tuple:
         """glassbox's tokenize; ``padding_side=None`` is the model's ``default_padding_side``."""
         return super().tokenize(input, prepend_bos, padding_side or self.default_padding_side, truncate)
 
     def to_tokens(self, input, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
-                  move_to_device: bool = True, truncate: bool = False) -> Tensor:
-        """TransformerLens's to_tokens; ``padding_side=None`` is the model's ``default_padding_side``."""
+                  move_to_device: bool = True, truncate: bool = True) -> Tensor:
+        """TransformerLens's to_tokens: ``truncate=True`` (TransformerLens's default) keeps each row's first n_ctx
+        tokens, ``truncate=False`` every token; ``padding_side=None`` is the model's ``default_padding_side``."""
         return super().to_tokens(input, prepend_bos, padding_side or self.default_padding_side, move_to_device,
                                  truncate)
+
+    def resolve_padding_side(self, padding_side: Optional[str]) -> str:
+        """``padding_side=None`` is the model's ``default_padding_side`` everywhere glassbox tokenizes."""
+        return super().resolve_padding_side(padding_side or self.default_padding_side)
+
+    def generate(self, *args, **kwargs):
+        """TransformerLens's generate (its argument names, defaults and return types); see
+        ``glassbox.models.generate.generate_tl_style``."""
+        from ..models.generate import generate_tl_style
+
+        return generate_tl_style(self, *args, **kwargs)
 
     def run_with_cache(self, *model_args, names_filter=None, device=None, remove_batch_dim: bool = False,
                        incl_bwd: bool = False, reset_hooks_end: bool = True, clear_contexts: bool = False,
