@@ -87,6 +87,8 @@ def test_writing_a_field_is_the_same_as_the_setter_and_copies_are_independent():
     assert "blocks.1.attn.hook_result" not in twin.hook_dict and twin.blocks[1].attn.flags is twin.hook_flags
     with pytest.raises(HookFlagError, match="use_attn_in must be a bool"):
         model.hook_flags.use_attn_in = 1
+    with pytest.raises(AttributeError, match="cannot be replaced"):
+        model.hook_flags = HookFlags()
 
 
 def test_a_flag_off_names_itself_and_its_setter():

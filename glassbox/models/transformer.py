@@ -55,7 +55,7 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
         check_flags(cfg, hook_flags)
         self.cfg = cfg
         # Shared (the same object) with every block and attention layer, which read it per forward.
-        self.hook_flags = hook_flags
+        self._hook_flags = hook_flags
         self._tokenizer = tokenizer
         with torch.device(device if device is not None else "cpu"):
             self.embed = Embed(cfg)
@@ -77,6 +77,17 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
         hook_flags._add_owner(self)
 
     # -- hook flags --------------------------------------------------------------------------
+    @property
+    def hook_flags(self) -> HookFlags:
+        """The model's HookFlags, shared by its blocks and attention layers: change its fields (or call the
+        set_use_* methods); it cannot be replaced, since the components hold this object."""
+        return self._hook_flags
+
+    @hook_flags.setter
+    def hook_flags(self, value) -> None:
+        raise AttributeError("model.hook_flags cannot be replaced (the blocks share it); set its fields, e.g. "
+                             "model.hook_flags.use_attn_result = True, or call model.set_use_attn_result(True)")
+
     def setup(self) -> None:
         """Name every hook point; ``hook_dict`` then holds those whose flag (if any) is on."""
         super().setup()
