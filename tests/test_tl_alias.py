@@ -39,10 +39,12 @@ def test_every_submodule_is_registered_under_its_transformer_lens_name():
     package = glassbox.tl.as_transformer_lens()
     assert package is glassbox.tl and sys.modules["transformer_lens"] is glassbox.tl
     expected = {"transformer_lens" + name[len("glassbox.tl"):] for name in glassbox_tl_modules()}
+    expected.add("transformer_lens.utilities")  # TransformerLens 3.x's own name for its helpers: glassbox.tl.utils
     registered = {k for k in sys.modules if k == "transformer_lens" or k.startswith("transformer_lens.")}
     assert registered == expected
     for name in glassbox_tl_modules():
         assert sys.modules["transformer_lens" + name[len("glassbox.tl"):]] is importlib.import_module(name)
+    assert sys.modules["transformer_lens.utilities"] is glassbox.tl.utils
     # The names TransformerLens code (and SAELens) imports.
     for module in ("hook_points", "HookedTransformer", "ActivationCache", "FactoredMatrix", "utils", "patching",
                    "evals", "head_detector", "SVDInterpreter", "loading_from_pretrained", "past_key_value_caching",

@@ -6,45 +6,29 @@
 layer adapts only: the computation, caching, patching and analysis are glassbox's own.
 """
 
-import importlib.util
-
-from . import components, hook_points
+from . import components, evals, head_detector, hook_points, patching, utils
 from . import loading_from_pretrained
 from . import loading_from_pretrained as loading
 from . import past_key_value_caching
 from ._alias import as_transformer_lens
+from .ActivationCache import ActivationCache
 from .config import HookedTransformerConfig
 from .FactoredMatrix import FactoredMatrix
 from .hook_points import HookedRootModule, HookPoint
 from .HookedTransformer import HookedTransformer
 from .past_key_value_caching import HookedTransformerKeyValueCache, HookedTransformerKeyValueCacheEntry
+from .SVDInterpreter import SVDInterpreter
+
+# TransformerLens 3.x's own modules import its helpers as transformer_lens.utilities.
+utilities = utils
 
 # TransformerLens 3.9's names for the same cache classes.
 TransformerLensKeyValueCache = HookedTransformerKeyValueCache
 TransformerLensKeyValueCacheEntry = HookedTransformerKeyValueCacheEntry
 
-__all__ = ["FactoredMatrix", "HookPoint", "HookedRootModule", "HookedTransformer", "HookedTransformerConfig",
-           "HookedTransformerKeyValueCache", "TransformerLensKeyValueCache", "TransformerLensKeyValueCacheEntry",
-           "as_transformer_lens", "components", "hook_points", "loading",
-           "loading_from_pretrained", "past_key_value_caching"]
+__all__ = ["ActivationCache", "FactoredMatrix", "HookPoint", "HookedRootModule", "HookedTransformer",
+           "HookedTransformerConfig", "HookedTransformerKeyValueCache", "SVDInterpreter",
+           "TransformerLensKeyValueCache", "TransformerLensKeyValueCacheEntry", "as_transformer_lens", "components",
+           "evals", "head_detector", "hook_points", "loading", "loading_from_pretrained", "past_key_value_caching",
+           "patching", "utilities", "utils"]
 
-
-def _optional(name: str) -> bool:
-    """Whether the submodule ``name`` exists (so a missing one is skipped, a broken one still raises)."""
-    return importlib.util.find_spec(f"{__name__}.{name}") is not None
-
-
-# Each module is imported before its class of the same name is bound, so a later import of the module
-# (``import glassbox.tl.ActivationCache``) cannot replace the class in this namespace.
-if _optional("ActivationCache"):
-    from .ActivationCache import ActivationCache  # noqa: E402
-
-    __all__.append("ActivationCache")
-if _optional("SVDInterpreter"):
-    from .SVDInterpreter import SVDInterpreter  # noqa: E402
-
-    __all__.append("SVDInterpreter")
-for _name in ("utils", "patching", "evals", "head_detector"):
-    if _optional(_name):
-        globals()[_name] = importlib.import_module(f"{__name__}.{_name}")
-        __all__.append(_name)

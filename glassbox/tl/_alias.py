@@ -45,4 +45,6 @@ def as_transformer_lens():
     modules = {name: importlib.import_module(name) for name in _submodules(package)}
     for name, module in modules.items():
         sys.modules[ALIAS + name[len(package.__name__):]] = module
+    # TransformerLens 3.x's own modules import its helpers as transformer_lens.utilities.
+    sys.modules[ALIAS + ".utilities"] = package.utils
     return package

@@ -63,9 +63,7 @@ def tl_run_with_cache(model, model_args: tuple, names_filter=None, device=None, 
 
 
 def activation_cache_class():
-    """glassbox.tl's ActivationCache (TransformerLens's methods), or glassbox's where it is not there."""
-    try:
-        from .ActivationCache import ActivationCache
-    except ImportError:
-        from ..interp.activation_cache import ActivationCache
+    """glassbox.tl's ActivationCache (TransformerLens's methods)."""
+    from .ActivationCache import ActivationCache
+
     return ActivationCache
