@@ -392,3 +392,32 @@ def test_a_patching_sweep_over_a_flag_gated_hook_matches_one_patch_per_forward(t
             expected = metric(model.run_with_hooks(corrupted, fwd_hooks=[(name, patch)]))
             # measured 8.9e-16 at worst (metric values up to 2.1), bound 1e-14: 11x
             assert_close(swept[tuple(index)], expected.reshape(()), atol=1e-14, rtol=0, msg=lambda m: f"{index}: {m}")
+
+
+def test_attention_only_models_are_refused_by_the_hugging_face_export(tmp_path):
+    model = build("attn_only", dtype=torch.float32)
+    for export in (lambda: model.to_hf(), lambda: model.save_pretrained(tmp_path / "out")):
+        with pytest.raises(ValueError, match="attention-only blocks"):
+            export()
+    assert not (tmp_path / "out").exists()
+
+
+def test_processing_keeps_the_flags_in_a_copy_of_their_own():
+    from glassbox.weights.processing import process
+
+    model = build("gpt2", flags=HookFlags(use_attn_result=True, use_hook_mlp_in=True))
+    folded = process(model, fold_ln=True)
+    assert folded.hook_flags.as_dict() == model.hook_flags.as_dict()
+    assert folded.hook_flags is not model.hook_flags
+    assert "blocks.0.attn.hook_result" in folded.hook_dict
+    folded.set_use_attn_result(False)
+    assert model.hook_flags.use_attn_result
+
+
+def test_the_loss_of_float64_logits_is_computed_in_float64():
+    model = build("gpt2", dtype=torch.float64)
+    logits = model(TOKENS)
+    by_hand = -torch.log_softmax(logits[:, :-1], -1).gather(-1, TOKENS[:, 1:, None]).mean()
+    loss = model.loss_fn(logits, TOKENS)
+    assert loss.dtype == torch.float64
+    assert abs(float(loss - by_hand)) < 1e-12  # float64 rounding only (a float32 loss is off by ~1e-7)

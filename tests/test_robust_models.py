@@ -362,8 +362,9 @@ def test_numpy_ids_read_like_the_tensor_of_the_same_shape(text_model):
     for ids in (np.array([[6]]), np.array([6]), np.array([[6, 7]], dtype=np.int32), np.array([6, 7], dtype=np.uint16)):
         expected = ["'"] if ids.size == 1 else ["'", "("]
         assert text_model.to_str_tokens(ids) == expected == text_model.to_str_tokens(torch.from_numpy(ids.astype(np.int64)))
-    with pytest.raises(ValueError, match=r"one sequence, got a tensor of shape \(2, 1\)"):
-        text_model.to_str_tokens(np.array([[6], [7]]))
+    assert text_model.to_str_tokens(np.array([[6], [7]])) == ["'", "("]  # [pos 1] squeezes, as in TransformerLens
+    with pytest.raises(ValueError, match=r"one sequence of ids.*\(2, 2\)"):
+        text_model.to_str_tokens(np.array([[6, 7], [7, 6]]))
     assert text_model.to_string(np.array([[6, 7], [7, 6]])) == ["'(", "('"]
     assert text_model.to_string(np.array([6, 7])) == "'("
 

@@ -6,6 +6,7 @@ from .block_variants import ParallelBlock, PostNormBlock
 from .config import Config
 from .embed import Embed, PosEmbed, Unembed
 from .gated_mlp import GatedMLP
+from .hook_flags import HookFlagError, HookFlags
 from .hook_shapes import HOOK_SHAPES, hook_pattern, hook_shape
 from .kv_cache import KVCache
 from .layer_norm import LayerNorm
@@ -18,7 +19,8 @@ from .tokenize import GPT2_TOKENIZER_DIR, gpt2_tokenizer
 from .transformer import HookedTransformer, lm_loss
 
 __all__ = [
-    "Attention", "Config", "Embed", "GPT2_TOKENIZER_DIR", "GatedMLP", "HOOK_SHAPES", "HookedTransformer",
+    "Attention", "Config", "Embed", "GPT2_TOKENIZER_DIR", "GatedMLP", "HOOK_SHAPES", "HookFlagError", "HookFlags",
+    "HookedTransformer",
     "KVCache", "LayerNorm", "MLP", "PRESETS", "ParallelBlock", "PosEmbed", "PostNormBlock", "RMSNorm",
     "RotaryAttention", "SinusoidalPosEmbed", "TransformerBlock", "Unembed", "gpt2_tokenizer",
     "hook_pattern", "hook_shape", "lm_loss", "preset_config",

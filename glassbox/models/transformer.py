@@ -274,7 +274,7 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
     def input_to_tokens(self, input, attention_mask, prepend_bos, padding_side) -> tuple:
         """(tokens [batch pos] on the model's device, bool mask or None), every argument checked."""
         inputs.check_flag("prepend_bos", prepend_bos, optional=True)
-        inputs.check_padding_side(padding_side)
+        padding_side = self.resolve_padding_side(padding_side)  # None: the tokenizer's side
         if isinstance(input, (str, list, tuple)):
             if attention_mask is not None:
                 raise ValueError("attention_mask is derived from text input; pass it only with token ids")
@@ -390,7 +390,7 @@ def lm_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "bat
     """
     if tokens.shape[1] < 2:
         raise ValueError("the loss needs at least 2 tokens per sequence")
-    log_probs = F.log_softmax(logits[:, :-1].float(), dim=-1)
+    log_probs = F.log_softmax(logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     nll = -log_probs.gather(-1, tokens[:, 1:, None])[..., 0]
     if attention_mask is None:
         return nll if per_token else nll.mean()

@@ -44,6 +44,9 @@ def architecture_of_type(model_type, source: str = "config") -> Architecture:
 
 def architecture_of_config(cfg: Config) -> Architecture:
     """The first architecture that can represent ``cfg``; ValueError with each one's reason otherwise."""
+    if cfg.attn_only:
+        raise ValueError("no Hugging Face architecture has attention-only blocks (Config.attn_only=True), so this "
+                         "model cannot be exported to transformers or saved as a Hugging Face folder")
     reasons = []
     for arch in ARCHITECTURES.values():
         try:

@@ -34,7 +34,7 @@ from typing import Callable, Mapping
 import torch
 from torch import Tensor
 
-from ..models import Config, HookedTransformer
+from ..models import Config, HookedTransformer, HookFlags
 
 STEPS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
 # Every step, in the order process applies them (TransformerLens's order; STEPS are the classic four).
@@ -266,7 +266,9 @@ def process(model: HookedTransformer, fold_ln: bool = False, center_writing_weig
     todo = [step for step in ALL_STEPS if chosen[step] and step not in model.processing]
     sd, cfg = process_state_dict({k: v.detach() for k, v in model.state_dict().items()}, model.cfg, todo)
     first = next(model.parameters())
-    out = HookedTransformer(cfg, tokenizer=model._tokenizer, init=False, device=first.device, dtype=first.dtype)
+    flags = HookFlags(**model.hook_flags.as_dict())  # the processed model's own copy of the flags
+    out = HookedTransformer(cfg, tokenizer=model._tokenizer, init=False, device=first.device, dtype=first.dtype,
+                            hook_flags=flags)
     out.load_state_dict(sd, strict=True)
     out.processing = tuple(step for step in ALL_STEPS if step in model.processing or step in todo)
     return out.train(model.training)
