@@ -71,7 +71,7 @@ def test_slice_refusals_at_use():
     (("normalized", 27, "ln2"), "blocks.27.ln2.hook_normalized"), (("normalized",), "ln_final.hook_normalized"),
     (("attn", 3), "blocks.3.attn.hook_pattern"), (("attn_logits", 1), "blocks.1.attn.hook_attn_scores"),
     (("resid_post", 3, "b"), "blocks.3.hook_resid_post"), (("pattern", "3"), "blocks.3.attn.hook_pattern"),
-    (("mlp_mid", 1), "blocks.1.mlp.hook_mid"), (("q_input", 2), "blocks.2.hook_q_input"),
+    (("q_input", 2), "blocks.2.hook_q_input"),
     (("attn_in", 0), "blocks.0.hook_attn_in"), (("mlp_in", 1), "blocks.1.hook_mlp_in"),
     (("blocks.0.attn.hook_q",), "blocks.0.attn.hook_q"), (("hook_embed",), "hook_embed"),
     (("v12",), "blocks.12.attn.hook_v"), (("resid_pre_grad", 1), "blocks.1.hook_resid_pre_grad"),
@@ -82,6 +82,7 @@ def test_get_act_name(args, name):
 
 @pytest.mark.parametrize("args,match", [(("q", 0, "mlp"), "lives in"), (("scale", 2), "needs its norm"),
                                         (("resid_pre5",), "closest: resid_pre"), (("q_input",), "per layer"),
+                                        (("mid", 1), "unknown activation kind"),  # SoLU's: no glassbox model
                                         ((3,), "string")])
 def test_get_act_name_refuses_names_of_no_hook(args, match):
     with pytest.raises(KeyError, match=match):

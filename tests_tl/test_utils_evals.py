@@ -75,7 +75,7 @@ def test_slice_refusals_are_clear():
 ACT_CASES = [("k", 6, "a"), ("pre", 2), ("embed",), ("pos_embed",), ("normalized", 27, "ln2"), ("k6",),
              ("scale4ln1",), ("pre5",), ("blocks.0.attn.hook_q",), ("hook_embed",), ("attn", 3),
              ("attn_logits", 1), ("key", 0), ("query", 0), ("value", 0), ("mlp_pre", 1), ("mlp_post", 1),
-             ("mlp_mid", 1), ("mid", 1), ("resid_pre", 0), ("resid_post", 3, "b"), ("resid_mid", 2, "block"),
+             ("resid_pre", 0), ("resid_post", 3, "b"), ("resid_mid", 2, "block"),
              ("attn_out", 1), ("mlp_out", 1), ("scale",), ("normalized",), ("scale", 1, "ln2"), ("rot_q", 0),
              ("rot_k", 0), ("result", 1), ("z", 2, "attention"), ("pattern", "3"), ("q_input", 2),
              ("k_input", 2), ("v_input", 2), ("attn_in", 1), ("mlp_in", 0), ("pre_linear", 1), ("v12",),
@@ -87,7 +87,8 @@ def test_get_act_name_equals_transformer_lens(args):
     assert gb_utils.get_act_name(*args) == tl_utils.get_act_name(*args)
 
 
-@pytest.mark.parametrize("args", [("q", 0, "mlp"), ("scale", 2), ("resid_pre5",), ("embed", 0)], ids=repr)
+@pytest.mark.parametrize("args", [("q", 0, "mlp"), ("scale", 2), ("resid_pre5",), ("embed", 0), ("mid", 1),
+                                  ("mlp_mid", 1)], ids=repr)
 def test_get_act_name_refuses_names_of_no_hook(args):
     tl_utils.get_act_name(*args)  # TransformerLens builds a name no model has
     with pytest.raises(KeyError):

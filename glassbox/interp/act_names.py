@@ -16,6 +16,7 @@ from typing import Optional
 # kind -> (module inside a block, "" for the block itself; or None for a model-level hook)
 BLOCK_KINDS = {
     "resid_pre": "", "attn_out": "", "resid_mid": "", "mlp_out": "", "resid_post": "",
+    "attn_in": "", "q_input": "", "k_input": "", "v_input": "", "mlp_in": "",  # under the hook flags
     "q": "attn", "k": "attn", "v": "attn", "rot_q": "attn", "rot_k": "attn",
     "attn_scores": "attn", "pattern": "attn", "z": "attn", "result": "attn",
     "pre": "mlp", "post": "mlp", "pre_linear": "mlp",

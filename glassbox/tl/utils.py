@@ -42,11 +42,6 @@ __all__ = [
     "tokenize_and_concatenate", "transpose",
 ]
 
-# Hooks TransformerLens names that glassbox's act_name table does not list: kind -> module in the block.
-_EXTRA_BLOCK_KINDS = {"mid": "mlp", "attn_in": "", "q_input": "", "k_input": "", "v_input": "", "mlp_in": ""}
-_EXTRA_ALIASES = {"mlp_mid": "mid"}
-
-
 def get_act_name(name, layer=None, layer_type=None) -> str:
     """A hook name from TransformerLens's shorthand: ``("k", 6, "a")``, ``"k6"``, ``"scale4ln1"``, a full name."""
     if not isinstance(name, str):
@@ -58,14 +53,7 @@ def get_act_name(name, layer=None, layer_type=None) -> str:
         name, layer, layer_type = compact
     if isinstance(layer, str) and layer.isdigit():
         layer = int(layer)
-    layer_type = layer_type or None
-    kind = _EXTRA_ALIASES.get(name, name)
-    if kind in _EXTRA_BLOCK_KINDS:
-        if layer is None:
-            raise KeyError(f"{kind!r} is per layer: give a layer, e.g. ({kind!r}, 0)")
-        module = _EXTRA_BLOCK_KINDS[kind]
-        return f"blocks.{layer}.{module + '.' if module else ''}hook_{kind}"
-    return act_name(kind, layer, layer_type)
+    return act_name(name, layer, layer_type or None)
 
 
 def get_attention_mask(tokenizer, tokens: torch.Tensor, prepend_bos: bool, padding_side: Optional[str] = None):
