@@ -246,3 +246,19 @@ def test_viewer_shows_markup_tokens_as_written_in_chromium(tmp_path):
     assert len(seen["hover"]) == 1 and "query 0 '<b>x</b>'" in seen["hover"][0], seen["hover"]
     assert "key 1 'a&b'" in seen["hover"][0], seen["hover"]
     assert seen["tokens"] == " | ".join(MARKUP) and seen["bold_in_page"] == 0
+
+
+def test_a_hook_point_added_after_construction_is_cached_though_not_sized():
+    from glassbox.hooks import HookPoint
+
+    torch.manual_seed(0)
+    model = HookedTransformer(Config(d_model=16, n_layers=1, n_heads=2, d_vocab=37, n_ctx=8))
+    model.blocks[0].hook_extra = HookPoint()  # as a library splicing its own module in would
+    original = model.blocks[0].forward
+    model.blocks[0].forward = lambda resid, *a, **k: model.blocks[0].hook_extra(original(resid, *a, **k))
+    model.setup()
+    toks = torch.randint(0, 37, (2, 5), generator=torch.Generator().manual_seed(1))
+    logits, cache = model.run_with_cache(toks)
+    assert torch.equal(cache["blocks.0.hook_extra"], cache["blocks.0.hook_resid_post"])
+    with pytest.raises(KeyError, match="blocks.0.hook_extra.*no entry in HOOK_SHAPES"):
+        model.cache_size(toks.shape, "blocks.0.hook_extra")

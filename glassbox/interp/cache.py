@@ -24,7 +24,8 @@ Contract:
   and compared with the memory available on the device the cache lands on (CPU: MemAvailable of
   /proc/meminfo; CUDA: ``torch.cuda.mem_get_info`` plus what torch's allocator holds unused). A cache
   that cannot fit raises ``CacheMemoryError`` (a ``MemoryError``) with both numbers and the ways out;
-  ``check_memory=False`` skips the check. A cache that fits but exceeds ``CACHE_BUDGET_BYTES`` (set
+  ``check_memory=False`` skips the check. Hook points added to a model after it was built (a spliced
+  SAE's, for instance) have no ``HOOK_SHAPES`` entry: they are cached, but their bytes are not counted. A cache that fits but exceeds ``CACHE_BUDGET_BYTES`` (set
   it to change the budget) warns with the predicted size and how to filter.
 
 Footgun: the forward runs in the caller's grad mode, so the returned output keeps its autograd graph
@@ -217,6 +218,10 @@ def _forward_backward(model, tokens: Tensor, return_type: Optional[str], kwargs:
 
 
 def _check_budget(model, tokens: Tensor, names: list, device, dtype, incl_bwd: bool, check_memory: bool) -> None:
+    # Hook points added to a built model (a spliced SAE's, say) have no HOOK_SHAPES entry: their sizes
+    # are unknown, so the check counts the others (cache_size itself refuses such names).
+    flags = getattr(model, "hook_flags", None)
+    names = [name for name in names if _has_shape(name, flags, model.cfg)]
     size = cache_size(model, tokens.shape, names, dtype, incl_bwd)
     where = device if device is not None else next(model.parameters()).device
     free = available_bytes(where) if check_memory else None
@@ -236,6 +241,14 @@ def _check_budget(model, tokens: Tensor, names: list, device, dtype, incl_bwd: b
             "names_filter=lambda name: name.endswith('hook_resid_post'), or pass dtype=torch.float16; "
             "model.cache_size(shape, names_filter) predicts the bytes before running.",
             CacheSizeWarning, stacklevel=3)
+
+
+def _has_shape(name: str, flags, cfg) -> bool:
+    try:
+        hook_shape(name, flags, cfg)
+        return True
+    except KeyError:
+        return False
 
 
 def available_bytes(device) -> Optional[int]:
