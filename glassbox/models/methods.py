@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from . import inputs
+from .loss import lm_loss
 
 
 class ModelMethods:
@@ -92,9 +93,7 @@ class ModelMethods:
         (TransformerLens's ``loss_fn``): the mean over (input, target) pairs where both are real
         tokens of ``attention_mask`` (1/True real, 0/False padding), or with ``per_token`` the
         [batch pos-1] losses, 0 where masked. The same function as ``forward``'s loss
-        (``glassbox.models.transformer.lm_loss``)."""
-        from .transformer import lm_loss  # transformer.py imports this module
-
+        (``glassbox.models.loss.lm_loss``)."""
         inputs.check_flag("per_token", per_token)
         if not isinstance(logits, Tensor) or logits.ndim != 3:
             raise ValueError(f"logits must be [batch pos d_vocab], got "
