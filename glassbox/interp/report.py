@@ -16,7 +16,6 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 

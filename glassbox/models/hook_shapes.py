@@ -19,7 +19,6 @@ k, then v inputs), and a cache keeps the last (v's).
 """
 
 import re
-from typing import Optional
 
 HOOK_SHAPES = {
     "hook_embed": ("batch pos d_model", "token embedding W_E[tokens]"),

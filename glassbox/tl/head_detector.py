@@ -11,7 +11,6 @@ glassbox's own score (mean per query) stays ``glassbox.interp.detect_head``.
 
 from typing import Dict, List, Optional, Tuple, Union
 
-import torch
 from torch import Tensor
 
 from ..interp.heads import detect_head_matching, detection_pattern, match_scores

@@ -18,7 +18,7 @@ the same generator state gives the same batch.
 """
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 from jaxtyping import Int
