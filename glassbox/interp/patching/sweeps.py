@@ -16,7 +16,10 @@ Each takes ``(model, corrupted_tokens, clean_cache, metric, **options)`` (option
 | patch_head_every_by_pos | get_act_patch_attn_head_by_pos_every | component(z q k v) layer pos head |
 
 "All positions" head sweeps patch the head at every position at once; "by pos" sweeps patch one
-position (for the pattern: one query row) at a time.
+position (for the pattern: one query row) at a time. TransformerLens's
+``get_act_patch_attn_head_by_pos_every`` has a fifth component, the pattern by query row;
+``glassbox.tl.patching`` adds it from a pattern sweep by query row, so glassbox's own
+sweep stays four components.
 """
 
 from collections.abc import Mapping
