@@ -7,5 +7,5 @@ Layers, each importing only from the ones before it: ``glassbox.hooks`` -> ``gla
 from .hooks import HookedRootModule, HookPoint
 from .models import HOOK_SHAPES, Config, HookedTransformer
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["Config", "HOOK_SHAPES", "HookPoint", "HookedRootModule", "HookedTransformer"]
