@@ -8,8 +8,9 @@ normalized * w + b, what the next component reads. The leading axes are [batch p
 
 The output comes from the fused kernel (no [.. d_model] temporaries, the same bits as an unhooked run)
 unless a hook could see or change what the kernel hides: a hook on ``hook_normalized``, or one on
-``hook_scale`` that replaced or edited the scale (``norm_scale.py``). Then the normalised value is
-computed explicitly and w, b applied after its hook; it agrees with the fused kernel to float rounding.
+``hook_scale`` that replaced or edited the scale (``norm_scale.py``). Then w and b are applied after
+``hook_normalized``: the normalised value comes from the fused kernel without w and b, or, when the
+scale was replaced, from (x - mean) / the hooked scale. Both agree with the fused output to float rounding.
 Footgun: before 3.x semantics, ``hook_normalized`` held the post-affine output; that is ``hook_out`` now.
 """
 
@@ -34,12 +35,14 @@ class LayerNorm(nn.Module):
         self.hook_out = HookPoint()
 
     def forward(self, x: Float[Tensor, "batch pos *head d_model"]) -> Float[Tensor, "batch pos *head d_model"]:
-        explicit = self.hook_normalized.has_hooks
-        if self.hook_scale.has_hooks or explicit:
-            scale = (x.var(-1, correction=0, keepdim=True) + self.eps).sqrt()
-            hooked = hooked_scale(self.hook_scale, scale)
-            if hooked is not None or explicit:
-                normalized = self.hook_normalized((x - x.mean(-1, keepdim=True)) / (scale if hooked is None else hooked))
-                out = normalized * self.w
-                return self.hook_out(out + self.b if self.b is not None else out)
-        return self.hook_out(F.layer_norm(x, x.shape[-1:], self.w, self.b, self.eps))
+        hooked = None
+        if self.hook_scale.has_hooks:
+            hooked = hooked_scale(self.hook_scale, (x.var(-1, correction=0, keepdim=True) + self.eps).sqrt())
+        if hooked is None and not self.hook_normalized.has_hooks:
+            return self.hook_out(F.layer_norm(x, x.shape[-1:], self.w, self.b, self.eps))
+        if hooked is None:  # the scale was only read: the fused kernel normalises, without w and b
+            normalized = F.layer_norm(x, x.shape[-1:], None, None, self.eps)
+        else:
+            normalized = (x - x.mean(-1, keepdim=True)) / hooked
+        out = self.hook_normalized(normalized) * self.w
+        return self.hook_out(out.add_(self.b) if self.b is not None else out)

@@ -30,11 +30,12 @@ class RMSNorm(nn.Module):
         self.hook_out = HookPoint()
 
     def forward(self, x: Float[Tensor, "batch pos *head d_model"]) -> Float[Tensor, "batch pos *head d_model"]:
-        explicit = self.hook_normalized.has_hooks
-        if self.hook_scale.has_hooks or explicit:
+        hooked = None
+        if self.hook_scale.has_hooks:
             mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.shape[-1]
-            scale = (mean_square + self.eps).sqrt()
-            hooked = hooked_scale(self.hook_scale, scale)
-            if hooked is not None or explicit:
-                return self.hook_out(self.hook_normalized(x / (scale if hooked is None else hooked)) * self.w)
-        return self.hook_out(F.rms_norm(x, x.shape[-1:], self.w, self.eps))
+            hooked = hooked_scale(self.hook_scale, (mean_square + self.eps).sqrt())
+        if hooked is None and not self.hook_normalized.has_hooks:
+            return self.hook_out(F.rms_norm(x, x.shape[-1:], self.w, self.eps))
+        # the scale only read: the fused kernel normalises, without w; replaced: x / the hooked scale
+        normalized = F.rms_norm(x, x.shape[-1:], None, self.eps) if hooked is None else x / hooked
+        return self.hook_out(self.hook_normalized(normalized) * self.w)
