@@ -45,10 +45,16 @@ def test_every_submodule_is_registered_under_its_transformer_lens_name():
     for name in glassbox_tl_modules():
         assert sys.modules["transformer_lens" + name[len("glassbox.tl"):]] is importlib.import_module(name)
     assert sys.modules["transformer_lens.utilities"] is glassbox.tl.utils
+    # A module and a class share a name (as in TransformerLens): the package attribute is the class.
+    import transformer_lens
+
+    assert isinstance(transformer_lens.HookedRootModule, type) and isinstance(transformer_lens.ActivationCache, type)
+    assert transformer_lens.TransformerLensKeyValueCache is glassbox.tl.HookedTransformerKeyValueCache
     # The names TransformerLens code (and SAELens) imports.
     for module in ("hook_points", "HookedTransformer", "ActivationCache", "FactoredMatrix", "utils", "patching",
                    "evals", "head_detector", "SVDInterpreter", "loading_from_pretrained", "past_key_value_caching",
-                   "config", "config.hooked_transformer_config", "components.mlps.can_be_used_as_mlp"):
+                   "config", "config.hooked_transformer_config", "components.mlps.can_be_used_as_mlp",
+                   "HookedRootModule", "cache.key_value_cache", "cache.key_value_cache_entry"):
         assert f"transformer_lens.{module}" in registered, module
 
 
