@@ -423,3 +423,30 @@ def test_the_loss_of_float64_logits_is_computed_in_float64():
     assert loss.dtype == torch.float64
     # measured 0 (loss 3.99; computed in float32 it is off by 1.7e-7), bound 1e-12
     assert abs(float(loss - by_hand)) < 1e-12
+
+
+def test_copied_flags_are_independent_and_owners_are_not_kept_alive():
+    import gc
+    import weakref
+
+    a = build("gpt2")
+    b = HookedTransformer(ARCHS["attn_only"], hook_flags=copy.copy(a.hook_flags), dtype=torch.float64)
+    a.set_use_hook_mlp_in(True)  # b (attention-only, which would refuse it) shares nothing with a
+    assert "blocks.0.hook_mlp_in" in a.hook_dict and not b.hook_flags.use_hook_mlp_in
+    flags = HookFlags()
+    model = HookedTransformer(ARCHS["gpt2"], hook_flags=flags)
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None  # the caller's flags object does not keep its model alive
+
+
+def test_a_deep_copy_has_its_own_flags_and_no_open_hook_blocks():
+    model = build("gpt2")
+    with model.hooks([("blocks.0.hook_resid_pre", lambda x, hook: None)]):
+        twin = copy.deepcopy(model)
+    assert twin.context_level == 0 and model.context_level == 0
+    assert twin.hook_flags is not model.hook_flags
+    assert all(block.attn.flags is twin.hook_flags for block in twin.blocks)
+    twin.set_use_attn_result(True)
+    assert "blocks.0.attn.hook_result" in twin.hook_dict and "blocks.0.attn.hook_result" not in model.hook_dict

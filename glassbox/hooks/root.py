@@ -63,6 +63,13 @@ class HookedRootModule(nn.Module):
                 module.name = name
                 self.hook_dict[name] = module
 
+    def __setstate__(self, state: dict) -> None:
+        """A copy (``copy.deepcopy``, unpickling) opens no ``hooks()`` block: the original's open blocks
+        stay the original's, and hooks attached at the time of the copy are the copy's, as if added by
+        ``add_hook`` (``reset_hooks`` removes them)."""
+        super().__setstate__(state)
+        self._hook_scopes = []
+
     @property
     def context_level(self) -> int:
         """How many ``hooks()`` blocks are open (TransformerLens's context level); 0 outside any."""

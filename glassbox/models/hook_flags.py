@@ -28,6 +28,7 @@ ln1 feeds attention and MLP alike, so a second input to it would run ln1's hooks
 values).
 """
 
+import weakref
 from dataclasses import dataclass, fields
 from typing import Optional
 
@@ -57,10 +58,11 @@ class HookFlags:
         if name in FLAG_NAMES:
             if not isinstance(value, bool):
                 raise HookFlagError(f"HookFlags.{name} must be a bool, got {value!r}")
-            for owner in self.__dict__.get("_owners", ()):
+            owners = self._live_owners()
+            for owner in owners:
                 owner._check_flag_change(name, value)  # raises before anything changes
             object.__setattr__(self, name, value)
-            for owner in self.__dict__.get("_owners", ()):
+            for owner in owners:
                 owner._sync_hook_dict()
             return
         object.__setattr__(self, name, value)
@@ -69,10 +71,31 @@ class HookFlags:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def _add_owner(self, owner) -> None:
-        """Register a model that reads these flags (it checks and follows every change)."""
+        """Register a model that reads these flags (it checks and follows every change). Owners are held
+        by weak reference, so a flags object the caller keeps does not keep its models alive."""
         owners = self.__dict__.setdefault("_owners", [])
-        if not any(o is owner for o in owners):
-            owners.append(owner)
+        if not any(ref() is owner for ref in owners):
+            owners.append(weakref.ref(owner))
+
+    def _live_owners(self) -> list:
+        owners = self.__dict__.get("_owners", [])
+        owners[:] = [ref for ref in owners if ref() is not None]
+        return [ref() for ref in owners]
+
+    # A copy (shallow, deep or pickled) is a new set of flags with the same values and no owners: a
+    # model that is copied registers itself with its copy of the flags (HookedTransformer.__setstate__).
+    def __copy__(self) -> "HookFlags":
+        return HookFlags(**self.as_dict())
+
+    def __deepcopy__(self, memo) -> "HookFlags":
+        return HookFlags(**self.as_dict())
+
+    def __getstate__(self) -> dict:
+        return self.as_dict()
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
 
 
 def setter_name(flag: str) -> str:

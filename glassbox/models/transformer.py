@@ -76,6 +76,11 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
         self.setup()
         hook_flags._add_owner(self)
 
+    def __setstate__(self, state: dict) -> None:
+        """A copied or unpickled model registers with its own copy of the flags (a copy has no owners)."""
+        super().__setstate__(state)
+        self._hook_flags._add_owner(self)
+
     # -- hook flags --------------------------------------------------------------------------
     @property
     def hook_flags(self) -> HookFlags:

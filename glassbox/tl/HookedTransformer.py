@@ -166,7 +166,8 @@ class HookedTransformer(_GlassboxTransformer):
                       default_padding_side: Optional[str] = "right", move_to_device: bool = True,
                       model_name: Optional[str] = None, tokenizer_name: Optional[str] = None) -> "HookedTransformer":
         """This class's model of a glassbox model's weights, processed as ``from_pretrained`` processes
-        them (same defaults); on the glassbox model's device and dtype. The model passed in is unchanged."""
+        them (same defaults); on the glassbox model's device and dtype, with its hook flags. The model
+        passed in is unchanged."""
         from ..weights.architectures import architecture_of_config
         from ..weights.processing import process_state_dict
 
@@ -187,7 +188,7 @@ class HookedTransformer(_GlassboxTransformer):
         first = next(model.parameters())
         tl_fields = dict(normalization_type=gcfg.normalization + ("Pre" if fold_ln else ""), dtype=first.dtype,
                          device=str(first.device), original_architecture=architecture, tokenizer_name=tokenizer_name,
-                         init_weights=False, layer_norm_folding=fold_ln)
+                         init_weights=False, layer_norm_folding=fold_ln, **model.hook_flags.as_dict())
         if default_prepend_bos is not None:
             tl_fields["default_prepend_bos"] = default_prepend_bos
         tl_cfg = HookedTransformerConfig.from_glassbox(gcfg, **tl_fields)
@@ -218,9 +219,17 @@ class HookedTransformer(_GlassboxTransformer):
         it as ``from_pretrained`` does, in place; ``cfg.normalization_type`` becomes "LNPre"/"RMSPre" after
         fold_ln. TransformerLens's ``unembed.W_U`` [d_model d_vocab] is glassbox's ``unembed.W_U_T``
         transposed; norm weights an LNPre state dict leaves out are the identity (w = 1, b = 0), and a
-        missing bias (TransformerLens's gated MLP has no b_gate) is zero, as TransformerLens fills them. Steps
-        already applied to this model (``model.processing``) are not applied again. Refused, before
-        anything changes, when the processed weights would need a different model (a tied unembedding)."""
+        missing bias (TransformerLens's gated MLP has no b_gate) is zero, as TransformerLens fills them. Every
+        requested step is applied to the state dict given (as TransformerLens does: what this model's own
+        weights went through says nothing about it), and ``model.processing`` becomes those steps. Refused,
+        before anything changes, when the processed weights would need a different model (a tied
+        unembedding)."""
+        steps = tl_steps(self.cfg.glassbox, fold_ln, center_writing_weights, center_unembed, fold_value_biases,
+                         refactor_factored_attn_matrices)
+        self._load_processed(state_dict, steps)
+        self.processing = tuple(steps)
+
+    def _load_processed(self, state_dict: dict, steps: list) -> None:
         from ..weights.processing import process_state_dict
 
         sd = {k: v for k, v in state_dict.items() if not k.endswith((".mask", ".IGNORE")) and "rotary_" not in k}
@@ -232,8 +241,6 @@ class HookedTransformer(_GlassboxTransformer):
                 sd[key] = torch.ones_like(value) if key.endswith(".w") else torch.zeros_like(value)
             elif key not in sd and key.rsplit(".", 1)[-1].startswith("b_"):
                 sd[key] = torch.zeros_like(value)
-        steps = [s for s in tl_steps(self.cfg.glassbox, fold_ln, center_writing_weights, center_unembed,
-                                     fold_value_biases, refactor_factored_attn_matrices) if s not in self.processing]
         processed, gcfg = process_state_dict(sd, self.cfg.glassbox, steps)
         if gcfg != self.cfg.glassbox:
             raise ValueError(f"the processed weights need a different model ({gcfg} instead of {self.cfg.glassbox}); "
@@ -242,14 +249,14 @@ class HookedTransformer(_GlassboxTransformer):
         if "fold_ln" in steps:
             self.cfg._values["normalization_type"] = gcfg.normalization + "Pre"
             self.cfg._values["layer_norm_folding"] = True
-        self.processing = tuple(self.processing) + tuple(steps)
 
     def process_weights_(self, fold_ln: bool = True, center_writing_weights: bool = True, center_unembed: bool = True,
                          refactor_factored_attn_matrices: bool = False) -> None:
-        """Process this model's own weights in place (``load_and_process_state_dict`` of its state dict)."""
-        self.load_and_process_state_dict(self.state_dict(), fold_ln=fold_ln,
-                                         center_writing_weights=center_writing_weights, center_unembed=center_unembed,
-                                         refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+        """Process this model's own weights in place; steps already applied (``model.processing``) are skipped."""
+        steps = [step for step in tl_steps(self.cfg.glassbox, fold_ln, center_writing_weights, center_unembed, True,
+                                           refactor_factored_attn_matrices) if step not in self.processing]
+        self._load_processed(self.state_dict(), steps)
+        self.processing = tuple(self.processing) + tuple(steps)
 
     def move_model_modules_to_device(self) -> "HookedTransformer":
         return self.to(self.cfg._values["device"])
