@@ -362,3 +362,20 @@ def test_toggle_autodiff_sets_and_restores_grad_mode(gpt2, caplog):
     finally:
         torch.set_grad_enabled(was)
     assert torch.is_grad_enabled() == was
+
+
+@pytest.mark.parametrize("flag", ["use_attn_in", "use_split_qkv_input"])
+def test_norm_analysis_at_a_per_head_ln1_is_refused_naming_the_flags(flag):
+    from glassbox import Config, HookedTransformer as Glassbox
+
+    torch.manual_seed(0)
+    model = Glassbox(Config(d_model=16, n_layers=2, n_heads=2, d_vocab=50, n_ctx=16))
+    getattr(model, f"set_{flag}")(True)
+    _, cache = model.run_with_cache(torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(1)))
+    for call in (lambda: cache.decompose_resid(1, apply_ln=True),
+                 lambda: cache.stack_head_results(1, apply_ln=True, pos_slice=1),
+                 lambda: cache.accumulated_resid(1, apply_ln=True)):
+        with pytest.raises(ValueError, match="blocks.1.ln1.hook_scale was cached per head.*use_attn_in"):
+            call()
+    stack = cache.decompose_resid(None, apply_ln=True)  # the final norm is one norm: still fine
+    assert stack.shape[-1] == 16

@@ -48,8 +48,16 @@ def norm_at(cache, layer, mlp_input: bool = False) -> tuple:
         raise ValueError("parallel blocks have no MLP-input residual stream (mlp_input=True)")
     if mlp_input and attn_only(model):
         raise ValueError("attention-only blocks have no MLP, so no MLP-input residual stream (mlp_input=True)")
-    return (model.blocks[layer].ln2, f"blocks.{layer}.ln2.hook_scale") if mlp_input else \
-        (model.blocks[layer].ln1, f"blocks.{layer}.ln1.hook_scale")
+    if mlp_input:
+        return model.blocks[layer].ln2, f"blocks.{layer}.ln2.hook_scale"
+    name = f"blocks.{layer}.ln1.hook_scale"
+    per_position = 3 if cache.has_batch_dim else 2  # [batch pos 1]
+    if name in cache and cache[name].ndim > per_position:
+        raise ValueError(f"{name} was cached per head ({tuple(cache[name].shape)}): under use_attn_in or "
+                         "use_split_qkv_input ln1 normalises one input per head, so the stream entering block "
+                         f"{layer} has no single ln1 to apply; cache with those flags off, or use the final norm "
+                         "or mlp_input=True")
+    return model.blocks[layer].ln1, name
 
 
 def attn_only(model) -> bool:
