@@ -317,3 +317,14 @@ def test_generate_from_embeds_equals_generate_from_the_tokens(model):
         generate_from_embeds(model, model.W_E[prompt].detach().double(), 2)
     with pytest.raises(ValueError, match="exceed n_ctx=24"):
         generate_from_embeds(model, model.W_E[prompt].detach(), 24)
+
+
+def test_a_masked_minus_infinity_logit_does_not_reach_the_loss(model):
+    torch.manual_seed(0)
+    logits = torch.randn(1, 3, model.cfg.d_vocab)
+    tokens = torch.tensor([[1, 3, 2]])
+    logits[0, 1, 2] = float("-inf")  # the log-probability of the masked target is -inf
+    mask = torch.tensor([[True, True, False]])
+    loss = model.loss_fn(logits, tokens, attention_mask=mask)
+    by_hand = -torch.log_softmax(logits[0, 0], -1)[3]  # the one real (input, target) pair
+    assert torch.isfinite(loss) and abs(float(loss - by_hand)) < 1e-6  # float32 rounding: measured 0

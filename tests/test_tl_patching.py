@@ -193,3 +193,57 @@ def test_generic_patch_with_a_known_setter_runs_on_the_engine(setup):
                                        index_axis_names=("layer", "pos", "head_index"))
     engine = activation_patch(model, corrupted, cache, VariantMetric(mixing), "z", ("layer", "pos", "head"))
     assert torch.equal(got, engine.values.float())  # the engine's values, as TransformerLens's float32 tensor
+
+
+class _Rows:
+    """The one method of a DataFrame that index_df is read through (pandas is not a dependency)."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def itertuples(self, index=False):
+        return iter(self.rows)
+
+
+def test_index_df_rows_are_checked_before_the_sweep_and_empty_gives_empty():
+    import glassbox.tl.patching as P
+    from glassbox import tl
+
+    model = tl.HookedTransformer.from_pretrained_no_processing("glassbox-austen")
+    corrupted = model.to_tokens("Elizabeth read the garden")
+    _, cache = model.run_with_cache(model.to_tokens("Elizabeth read the letter"))
+    calls = []
+
+    def metric(logits):
+        calls.append(1)
+        return logits[:, -1, 5].mean()
+
+    def rows(index_df):
+        return P.generic_activation_patch(model, corrupted, cache, metric, P.layer_pos_patch_setter, "resid_pre",
+                                          index_df=_Rows(index_df))
+
+    for bad in ([(5, 1)], [(0, 6)], [(0, -7)]):
+        with pytest.raises(ValueError, match=r"index_df row .* is outside"):
+            rows(bad)
+    assert not calls  # refused before any patched run
+    assert rows([]).numel() == 0
+    assert not calls
+    picked = rows([(1, -1), (0, 2)])
+    grid = P.get_act_patch_resid_pre(model, corrupted, cache, metric)
+    assert torch.equal(picked, torch.stack([grid[1, -1], grid[0, 2]]))
+
+
+def test_a_metric_may_return_numpy_scalars_as_transformer_lens_allows():
+    import numpy as np
+
+    import glassbox.tl.patching as P
+    from glassbox import tl
+
+    model = tl.HookedTransformer.from_pretrained_no_processing("glassbox-austen")
+    corrupted = model.to_tokens("Elizabeth read the garden")
+    _, cache = model.run_with_cache(model.to_tokens("Elizabeth read the letter"))
+    as_tensor = P.get_act_patch_resid_pre(model, corrupted, cache, lambda l: l[:, -1, 5].mean())
+    as_numpy = P.get_act_patch_resid_pre(model, corrupted, cache, lambda l: np.float32(l[:, -1, 5].mean().item()))
+    assert torch.equal(as_tensor, as_numpy)
+    with pytest.raises(TypeError, match="returned a torch.bool tensor"):
+        P.get_act_patch_resid_pre(model, corrupted, cache, lambda l: l[:, -1, 5].mean() > 0)

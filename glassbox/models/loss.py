@@ -23,13 +23,13 @@ def lm_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "bat
     if attention_mask is None:
         return nll if per_token else nll.mean()
     valid = attention_mask[:, 1:] & attention_mask[:, :-1]
-    nll = nll * valid
+    nll = nll.masked_fill(~valid, 0.0)  # not a product: a masked -inf logit would make inf * 0 = nan
     if per_token:
         return nll
     count = valid.sum()
     if int(count) == 0:
         raise ValueError(f"the loss has no target: attention_mask {tuple(attention_mask.shape)} leaves no "
                          "position whose token and next token are both real (every row has at most one "
-                         "real token), and a mean over no targets is undefined; use loss_per_token=True "
-                         "or give rows of at least two real tokens")
+                         "real token), and a mean over no targets is undefined; use per_token=True "
+                         "(forward's loss_per_token=True) or give rows of at least two real tokens")
     return nll.sum() / count

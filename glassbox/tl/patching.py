@@ -140,7 +140,11 @@ def generic_activation_patch(model, corrupted_tokens, clean_cache, patching_metr
                           model).reshape(sizes)
         return (values, _index_frame(sizes, names)) if return_index_df else values
     rows = [tuple(int(i) for i in row) for row in index_df.itertuples(index=False)]
+    if not rows:
+        values = torch.empty(0, device=tokens.device)
+        return (values, index_df) if return_index_df else values
     if axes is not None and all(len(row) == len(axes) for row in rows):
+        _check_rows(rows, [_axis_size(model, tokens, a) for a in axes], axes)  # before the sweep, on the host
         grid = activation_patch(model, corrupted_tokens, clean_cache, metric, template, axes).values
         picked = torch.tensor(rows, dtype=torch.long, device=grid.device).reshape(-1, len(axes))
         values = grid[tuple(picked.unbind(1))]
@@ -148,6 +152,13 @@ def generic_activation_patch(model, corrupted_tokens, clean_cache, patching_metr
         values = _patch_by_forwards(model, tokens, clean_cache, metric, patch_setter, template, rows)
     values = _out(values, model)
     return (values, index_df) if return_index_df else values
+
+
+def _check_rows(rows: list, sizes: list, axes) -> None:
+    for row in rows:
+        for value, size, axis in zip(row, sizes, axes):
+            if not -size <= value < size:
+                raise ValueError(f"index_df row {row}: {axis} index {value} is outside [-{size}, {size})")
 
 
 def _patch_by_forwards(model, tokens, clean_cache, metric: VariantMetric, patch_setter: Callable, template: str,

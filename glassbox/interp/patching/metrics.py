@@ -23,6 +23,7 @@ rows. A sweep given one returns those values; it has no per-prompt axis.
 
 from typing import Callable, Optional, Union
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
@@ -234,7 +235,15 @@ class VariantMetric:
         out = []
         for v in range(logits.shape[0] // n_prompts):
             value = self.fn(logits[v * n_prompts: (v + 1) * n_prompts])
+            if isinstance(value, (np.ndarray, np.generic)):  # TransformerLens takes .item() of anything
+                array = np.asarray(value)
+                if array.size != 1 or array.dtype.kind not in "iuf":
+                    raise TypeError(f"the metric {self.name} returned a numpy {array.dtype} of shape {array.shape}; "
+                                    "return one number")
+                value = float(array.reshape(()))
             if isinstance(value, Tensor):
+                if value.dtype == torch.bool or value.is_complex():
+                    raise TypeError(f"the metric {self.name} returned a {value.dtype} tensor; return a real number")
                 if value.numel() != 1:
                     raise ValueError(f"the metric {self.name} returned shape {tuple(value.shape)}; a "
                                      "VariantMetric returns one value for the whole batch (e.g. a mean over "

@@ -78,6 +78,8 @@ class Readout:
     def store_variants(self, values: Tensor, ids: Tensor) -> None:
         if self.out is None:
             self.out = torch.full((self.n_variants, 1), float("nan"), dtype=values.dtype, device=values.device)
+        elif values.dtype != self.out.dtype:  # a later chunk's wider values widen the result, never cut
+            self.out = self.out.to(torch.promote_types(self.out.dtype, values.dtype))
         self.out[ids] = values[:, None].to(self.out.dtype)
 
     def result(self) -> Tensor:
