@@ -127,7 +127,7 @@ def run_with_cache(model, input: Union[str, list, Int[Tensor, "batch pos"]], nam
                    dtype: Optional[torch.dtype] = None, remove_batch_dim: bool = False, incl_bwd: bool = False,
                    stop_at_layer: Optional[int] = None, return_type: Optional[str] = "logits",
                    attention_mask: Optional[Tensor] = None, prepend_bos: Optional[bool] = None,
-                   padding_side: str = "right", check_memory: bool = True, **forward_kwargs) -> tuple:
+                   padding_side: Optional[str] = "right", check_memory: bool = True, **forward_kwargs) -> tuple:
     """Run the model and cache activations: returns (output, ActivationCache).
 
     Args:

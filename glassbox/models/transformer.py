@@ -153,7 +153,7 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
         loss_per_token: bool = False,
         attention_mask: Union[Tensor, np.ndarray, list, None] = None,
         prepend_bos: Optional[bool] = None,
-        padding_side: str = "right",
+        padding_side: Optional[str] = "right",
         stop_at_layer: Optional[int] = None,
         past_kv_cache: Optional[KVCache] = None,
         start_at_layer: Optional[int] = None,

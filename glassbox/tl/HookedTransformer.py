@@ -339,20 +339,14 @@ class HookedTransformer(_GlassboxTransformer):
             raise ValueError("shortformer_pos_embed is not supported: glassbox has no shortformer positions")
         return super().forward(input, return_type=return_type, loss_per_token=loss_per_token,
                                attention_mask=attention_mask, prepend_bos=prepend_bos,
-                               padding_side=padding_side or self.default_padding_side, stop_at_layer=stop_at_layer,
+                               padding_side=padding_side, stop_at_layer=stop_at_layer,
                                past_kv_cache=past_kv_cache, start_at_layer=start_at_layer, tokens=tokens)
-
-    def tokenize(self, input, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
-                 truncate: Optional[bool] = None) -> tuple:
-        """glassbox's tokenize; ``padding_side=None`` is the model's ``default_padding_side``."""
-        return super().tokenize(input, prepend_bos, padding_side or self.default_padding_side, truncate)
 
     def to_tokens(self, input, prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None,
                   move_to_device: bool = True, truncate: bool = True) -> Tensor:
         """TransformerLens's to_tokens: ``truncate=True`` (TransformerLens's default) keeps each row's first n_ctx
         tokens, ``truncate=False`` every token; ``padding_side=None`` is the model's ``default_padding_side``."""
-        return super().to_tokens(input, prepend_bos, padding_side or self.default_padding_side, move_to_device,
-                                 truncate)
+        return super().to_tokens(input, prepend_bos, padding_side, move_to_device, truncate)
 
     def resolve_padding_side(self, padding_side: Optional[str]) -> str:
         """``padding_side=None`` is the model's ``default_padding_side`` everywhere glassbox tokenizes."""

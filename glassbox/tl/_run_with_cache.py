@@ -2,6 +2,8 @@
 
 FORWARD_ARGS = ("input", "return_type", "loss_per_token", "prepend_bos", "padding_side", "start_at_layer", "tokens",
                 "shortformer_pos_embed", "attention_mask", "stop_at_layer", "past_kv_cache")
+from .ActivationCache import ActivationCache
+
 # TransformerLens slices pos_slice along this axis (from the end); every other activation: -2.
 POS_AXIS_3 = ("hook_q", "hook_k", "hook_v", "hook_z", "hook_result")
 
@@ -40,11 +42,11 @@ def tl_run_with_cache(model, model_args: tuple, names_filter=None, device=None, 
         raise TypeError("run_with_cache needs the model's input")
     if model_kwargs.pop("shortformer_pos_embed", None) is not None:
         raise ValueError("shortformer_pos_embed is not supported: glassbox has no shortformer positions")
-    if model_kwargs.get("padding_side") is None:
+    if model_kwargs.get("padding_side") is None:  # glassbox's run_with_cache defaults to "right"
         model_kwargs["padding_side"] = model.default_padding_side
     out, cache = run_with_cache(model, model_kwargs.pop("input"), names_filter=names_filter, device=device,
                                 remove_batch_dim=remove_batch_dim, incl_bwd=incl_bwd, **model_kwargs)
-    data = dict(cache.items()) if hasattr(cache, "items") else dict(cache._data)
+    data = dict(cache.items())
     if pos_slice is not None:
         from .utils import Slice
 
@@ -58,12 +60,5 @@ def tl_run_with_cache(model, model_args: tuple, names_filter=None, device=None, 
             point.ctx.clear()
     if not return_cache_object:
         return out, data
-    return out, activation_cache_class()(data, model, has_batch_dim=not remove_batch_dim, tokens=cache.tokens,
-                                         attention_mask=cache.attention_mask)
-
-
-def activation_cache_class():
-    """glassbox.tl's ActivationCache (TransformerLens's methods)."""
-    from .ActivationCache import ActivationCache
-
-    return ActivationCache
+    return out, ActivationCache(data, model, has_batch_dim=not remove_batch_dim, tokens=cache.tokens,
+                                attention_mask=cache.attention_mask)
