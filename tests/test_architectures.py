@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from glassbox.models import HOOK_SHAPES, Config, HookedTransformer, hook_pattern, hook_shape, preset_config
 from glassbox.models.hook_flags import HookFlags
+from glassbox.models.hook_shapes import axis_sizes
 from glassbox.models.rotary_attention import RotaryAttention
 
 from conftest import perturbed
@@ -204,6 +205,17 @@ ARCHITECTURES = {
     "classic": preset_config("classic", **SIZES),
     "parallel": preset_config("gpt2", **SIZES, parallel_attn_mlp=True, positional="rotary",
                               rotary_style="interleaved", rotary_dim=4, unembed_bias=True, tied_unembed=False),
+    # Gemma-2-like: grouped-query, sandwich norms, per-head q/k norms, soft caps, local and global layers.
+    "sandwich gqa": preset_config("modern", **{**SIZES, "n_heads": 4}, n_key_value_heads=2, norm_placement="sandwich",
+                                  qk_norm="head", attn_scores_soft_cap=5.0, output_logits_soft_cap=9.0,
+                                  attn_types=("local", "global"), window_size=4, norm_weight_offset=1.0,
+                                  scale_embed=True),
+    # OLMo-2-like: norms on the sublayers' outputs, q/k norms over all heads, grouped-query.
+    "output-norm": preset_config("modern", **{**SIZES, "n_heads": 4}, n_key_value_heads=1, norm_placement="output",
+                                 qk_norm="full"),
+    # GPT-NeoX-like: parallel blocks with two norms, partial rotary.
+    "neox": preset_config("gpt2", **SIZES, parallel_attn_mlp=True, parallel_ln2=True, positional="rotary",
+                          rotary_dim=4, tied_unembed=False),
 }
 
 
@@ -217,6 +229,13 @@ FLAGGED = {
     "parallel attn_result": (ARCHITECTURES["parallel"], HookFlags(use_attn_result=True)),
     "attn_only split qkv": (preset_config("gpt2", **SIZES, attn_only=True),
                             HookFlags(use_split_qkv_input=True, use_attn_result=True)),
+    "sandwich gqa split qkv": (ARCHITECTURES["sandwich gqa"], HookFlags(use_split_qkv_input=True, use_attn_result=True,
+                                                                        use_hook_mlp_in=True)),
+    "output-norm split qkv": (ARCHITECTURES["output-norm"], HookFlags(use_split_qkv_input=True, use_hook_mlp_in=True)),
+    "sandwich gqa attn_in": (ARCHITECTURES["sandwich gqa"], HookFlags(use_attn_in=True)),
+    "neox split qkv": (ARCHITECTURES["neox"], HookFlags(use_split_qkv_input=True, use_hook_mlp_in=True)),
+    "ungrouped split qkv": (ARCHITECTURES["sandwich gqa"].replace(ungroup_grouped_query_attention=True),
+                            HookFlags(use_split_qkv_input=True)),
 }
 
 
@@ -227,8 +246,7 @@ def test_hook_shapes_table_covers_every_architecture_exactly():
         model = HookedTransformer(cfg, hook_flags=flags)
         acts = record_all(model, tokens_for(cfg))
         assert set(acts) == set(model.hook_dict), f"{arch}: every hook point must fire"
-        sizes = dict(batch=3, pos=11, query_pos=11, key_pos=11, head=cfg.n_heads, d_model=cfg.d_model,
-                     d_head=cfg.d_head, d_mlp=cfg.d_mlp, d_vocab=cfg.d_vocab)
+        sizes = axis_sizes(cfg, 3, 11)
         for name, act in acts.items():
             assert hook_pattern(name) in HOOK_SHAPES, f"{arch}: {name} is not in HOOK_SHAPES"
             expected = tuple(int(ax) if ax.isdigit() else sizes[ax] for ax in hook_shape(name, flags, cfg).split())

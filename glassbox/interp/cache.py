@@ -44,7 +44,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from ..models.hook_shapes import hook_shape
+from ..models.hook_shapes import axis_sizes, hook_shape
 from .activation_cache import ActivationCache
 
 CACHE_BUDGET_BYTES = 4 * 2**30  # warn above this many bytes (the cache still fits in memory)
@@ -101,7 +101,7 @@ def cache_size(model, input_shape, names_filter: NamesFilter = None, dtype: Opti
     if dtype is None:
         dtype = next(model.parameters()).dtype
     item = torch.empty((), dtype=dtype).element_size()
-    sizes = {"batch": batch, "pos": pos, "query_pos": pos, "key_pos": pos, "head": model.cfg.n_heads}
+    sizes = axis_sizes(model.cfg, batch, pos)
     total = 0
     for name in resolve_names(model, names_filter):
         try:

@@ -19,10 +19,23 @@ materialised and the fused ``scaled_dot_product_attention`` kernel runs instead;
 with the explicit path to float rounding (tested).
 
 ``attn_mask`` is None for plain causal attention over a fresh sequence, else a bool tensor
-broadcastable to [batch head query_pos key_pos], True where a query may attend.
+broadcastable to [batch head query_pos key_pos], True where a query may attend. A local
+(sliding-window) layer gets the model's windowed mask; the attention itself never builds one.
+
+Grouped-query attention (``cfg.n_key_value_heads`` < n_heads): W_K, W_V [kv_head d_model d_head] and
+b_K, b_V [kv_head d_head]; ``hook_k``/``hook_v`` (and ``hook_rot_k``) are [batch pos kv_head d_head],
+and the key-value cache keeps the grouped keys. Query head h reads kv head h // n_kv_groups (the
+order of ``repeat_interleave``, as in transformers). With ``cfg.ungroup_grouped_query_attention``
+keys and values are repeated to [batch pos head d_head] before their hooks. The per-head key and value
+inputs (``k_input``/``v_input``) are then one per kv head.
+
+Also chosen at construction: the score scale (``cfg.layer_attn_scale``), the soft cap
+cap * tanh(scores / cap) applied before the mask (``hook_attn_scores`` holds the capped, masked
+scores), float32 scores and softmax for half-precision models (``cfg.upcast_attn``), and the q/k
+norms (``q_norm``/``k_norm``, RMSNorm modules with their own hook points, applied to the projections
+after ``hook_q``/``hook_k`` and before the rotation).
 """
 
-import math
 from typing import Optional, Union
 
 import torch
@@ -37,26 +50,36 @@ from .kv_cache import LayerKV
 from .ops import linear, per_head_linear
 
 
-def per_head_weight(cfg: Config) -> nn.Parameter:
+def per_head_weight(cfg: Config, heads: Optional[int] = None) -> nn.Parameter:
     """An empty [head d_model d_head] parameter laid out in memory as [d_model head d_head]."""
-    return nn.Parameter(torch.empty(cfg.d_model, cfg.n_heads, cfg.d_head).permute(1, 0, 2))
+    heads = cfg.n_heads if heads is None else heads
+    return nn.Parameter(torch.empty(cfg.d_model, heads, cfg.d_head).permute(1, 0, 2))
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: Config, flags: Optional[HookFlags] = None):
+    def __init__(self, cfg: Config, flags: Optional[HookFlags] = None, layer: int = 0):
         super().__init__()
         self.cfg = cfg
         self.flags = flags if flags is not None else HookFlags()
-        self.W_Q, self.W_K, self.W_V = per_head_weight(cfg), per_head_weight(cfg), per_head_weight(cfg)
+        kv_heads = cfg.n_key_value_heads
+        self.W_Q = per_head_weight(cfg)
+        self.W_K, self.W_V = per_head_weight(cfg, kv_heads), per_head_weight(cfg, kv_heads)
         self.W_O = nn.Parameter(torch.empty(cfg.n_heads, cfg.d_head, cfg.d_model))
-        if cfg.use_bias:
+        if cfg.qkv_bias:
             self.b_Q = nn.Parameter(torch.zeros(cfg.n_heads, cfg.d_head))
-            self.b_K = nn.Parameter(torch.zeros(cfg.n_heads, cfg.d_head))
-            self.b_V = nn.Parameter(torch.zeros(cfg.n_heads, cfg.d_head))
-            self.b_O = nn.Parameter(torch.zeros(cfg.d_model))
+            self.b_K = nn.Parameter(torch.zeros(kv_heads, cfg.d_head))
+            self.b_V = nn.Parameter(torch.zeros(kv_heads, cfg.d_head))
         else:
-            self.b_Q = self.b_K = self.b_V = self.b_O = None
-        self.scale = 1.0 / math.sqrt(cfg.d_head)
+            self.b_Q = self.b_K = self.b_V = None
+        self.b_O = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.attn_out_bias else None
+        self.scale = cfg.layer_attn_scale(layer)
+        self.groups = cfg.n_kv_groups
+        self.soft_cap = cfg.attn_scores_soft_cap
+        if cfg.qk_norm is not None:
+            from .rms_norm import RMSNorm  # the q/k norms: RMSNorm over d_head, or over all heads ("full")
+
+            self.q_norm = RMSNorm(cfg, cfg.d_head if cfg.qk_norm == "head" else cfg.n_heads * cfg.d_head)
+            self.k_norm = RMSNorm(cfg, cfg.d_head if cfg.qk_norm == "head" else kv_heads * cfg.d_head)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_attn_scores = HookPoint()  # scaled and causally masked with -inf, before softmax
         self.hook_pattern = HookPoint()  # after softmax
@@ -70,7 +93,19 @@ class Attention(nn.Module):
             return per_head_linear(x, W, b)
         flat_W = W.permute(1, 0, 2).reshape(self.cfg.d_model, -1)  # a view for our stored layout
         flat_b = b.reshape(-1) if b is not None else None
-        return linear(x, flat_W, flat_b).view(*x.shape[:-1], self.cfg.n_heads, self.cfg.d_head)
+        return linear(x, flat_W, flat_b).view(*x.shape[:-1], W.shape[0], self.cfg.d_head)
+
+    def ungroup(self, x: Tensor) -> Tensor:
+        """[batch pos kv_head d_head] -> [batch pos head d_head], each kv head repeated for its query heads."""
+        return x.repeat_interleave(self.groups, dim=2) if self.groups > 1 else x
+
+    def normalize_qk(self, q: Tensor, k: Tensor) -> tuple:
+        """q and k through q_norm and k_norm (over d_head, or over all heads for "full"); none without."""
+        if self.cfg.qk_norm is None:
+            return q, k
+        if self.cfg.qk_norm == "head":
+            return self.q_norm(q), self.k_norm(k)
+        return self.q_norm(q.flatten(-2)).view(q.shape), self.k_norm(k.flatten(-2)).view(k.shape)
 
     def forward(
         self,
@@ -78,12 +113,16 @@ class Attention(nn.Module):
         positions: Optional[Int[Tensor, "batch pos"]] = None,
         attn_mask: Optional[Tensor] = None,
         kv: Optional[LayerKV] = None,
-        k_input: Optional[Float[Tensor, "batch pos head d_model"]] = None,
-        v_input: Optional[Float[Tensor, "batch pos head d_model"]] = None,
+        k_input: Optional[Float[Tensor, "batch pos kv_head d_model"]] = None,
+        v_input: Optional[Float[Tensor, "batch pos kv_head d_model"]] = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         q = self.hook_q(self.project(x, self.W_Q, self.b_Q))
-        k = self.hook_k(self.project(x if k_input is None else k_input, self.W_K, self.b_K))
-        v = self.hook_v(self.project(x if v_input is None else v_input, self.W_V, self.b_V))
+        k = self.project_kv(x if k_input is None else k_input, self.W_K, self.b_K)
+        v = self.project_kv(x if v_input is None else v_input, self.W_V, self.b_V)
+        if self.cfg.ungroup_grouped_query_attention and k.shape[2] != self.cfg.n_heads:
+            k, v = self.ungroup(k), self.ungroup(v)
+        k, v = self.hook_k(k), self.hook_v(v)
+        q, k = self.normalize_qk(q, k)
         q, k = self.rotate(q, k, positions, kv.length if kv is not None else 0)
         if kv is not None:
             k, v = kv.append(k, v)
@@ -93,6 +132,17 @@ class Attention(nn.Module):
             return self.per_head_output(z)
         flat_W_O = self.W_O.reshape(-1, self.cfg.d_model)
         return linear(z.reshape(*z.shape[:2], -1), flat_W_O, self.b_O)
+
+    def project_kv(self, x: Tensor, W: Tensor, b: Optional[Tensor]) -> Tensor:
+        """Keys or values from the shared input, one input per kv head, or (ungrouped, with
+        ``ungroup_grouped_query_attention``) one per query head, each through its kv head's weight."""
+        if x.ndim == 4 and x.shape[2] != W.shape[0]:
+            if x.shape[2] != self.cfg.n_heads:
+                raise ValueError(f"a per-head key/value input has {x.shape[2]} heads; this attention has "
+                                 f"{W.shape[0]} key/value heads and {self.cfg.n_heads} query heads")
+            W = W.repeat_interleave(self.groups, dim=0)
+            b = b.repeat_interleave(self.groups, dim=0) if b is not None else None
+        return self.project(x, W, b)
 
     def per_head_output(self, z: Float[Tensor, "batch pos head d_head"]) -> Float[Tensor, "batch pos d_model"]:
         """Each head's write into the residual stream through ``hook_result``; their sum plus b_O."""
@@ -105,22 +155,40 @@ class Attention(nn.Module):
         return q, k
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor]) -> Tensor:
-        """q [batch head query_pos d_head], k and v [batch head key_pos d_head] -> z, same layout as q."""
+        """q [batch head query_pos d_head], k and v [batch head|kv_head key_pos d_head] -> z, laid out as q."""
         fresh_causal = attn_mask is None and q.shape[-2] == k.shape[-2]
-        if not (self.hook_attn_scores.has_hooks or self.hook_pattern.has_hooks):
+        grouped = k.shape[1] != q.shape[1]
+        fused = self.soft_cap is None and not (self.cfg.upcast_attn and q.dtype in HALF_DTYPES)
+        if fused and not (self.hook_attn_scores.has_hooks or self.hook_pattern.has_hooks):
             if attn_mask is None and not fresh_causal:
                 attn_mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=fresh_causal,
-                                                  scale=self.scale)
+                                                  scale=self.scale, enable_gqa=grouped)
         if attn_mask is None:
             attn_mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
+        if grouped:  # [batch kv_head group query_pos d_head] against each kv head's keys: no copies of k, v
+            b, h, n, d = q.shape
+            q = q.view(b, k.shape[1], self.groups, n, d)
+            k, v = k[:, :, None], v[:, :, None]
+        out_dtype = q.dtype
+        if self.cfg.upcast_attn and q.dtype in HALF_DTYPES:
+            q, k = q.float(), k.float()
         # Scaling q ([.. d_head]) rather than the scores ([.. key_pos]) and masking the fresh scores in
         # place saves two passes and two allocations over [batch head query_pos key_pos], the largest
         # tensors of a cached run (equal bits when d_head is a power of 4, else within rounding).
         scores = (q * self.scale) @ k.transpose(-1, -2)
+        if grouped:
+            scores = scores.view(b, h, n, -1)
+        if self.soft_cap is not None:
+            scores = torch.tanh(scores / self.soft_cap) * self.soft_cap
         scores = self.hook_attn_scores(scores.masked_fill_(~attn_mask, float("-inf")))
-        pattern = self.hook_pattern(scores.softmax(dim=-1))
+        pattern = self.hook_pattern(scores.softmax(dim=-1).to(out_dtype))
+        if grouped:
+            return (pattern.view(b, k.shape[1], self.groups, n, -1) @ v).view(b, h, n, -1)
         return pattern @ v
+
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def causal_mask(query_len: int, key_len: int, device) -> Tensor:

@@ -35,6 +35,8 @@ class AttentionInputs(nn.Module):
         super().__init__()
         self.layer = layer
         self.n_heads = cfg.n_heads
+        # Per-head key/value inputs: one per kv head (grouped-query), or per query head when ungrouped.
+        self.n_kv_inputs = cfg.n_heads if cfg.ungroup_grouped_query_attention else cfg.n_key_value_heads
         self.flags = flags if flags is not None else HookFlags()
 
     def add_attention_input_hooks(self) -> None:
@@ -48,8 +50,8 @@ class AttentionInputs(nn.Module):
         flags = self.flags
         if flags.use_split_qkv_input:
             q_in = self.hook_q_input(per_head_copy(resid, self.n_heads))
-            k_in = self.hook_k_input(per_head_copy(resid, self.n_heads))
-            v_in = self.hook_v_input(per_head_copy(resid, self.n_heads))
+            k_in = self.hook_k_input(per_head_copy(resid, self.n_kv_inputs))
+            v_in = self.hook_v_input(per_head_copy(resid, self.n_kv_inputs))
             return self.attn(norm(q_in), positions, attn_mask, kv, norm(k_in), norm(v_in))
         if flags.use_attn_in:
             return self.attn(norm(self.hook_attn_in(per_head_copy(resid, self.n_heads))), positions, attn_mask, kv)
@@ -64,7 +66,7 @@ class TransformerBlock(AttentionInputs):
     def __init__(self, cfg: Config, layer: int, flags: Optional[HookFlags] = None):
         super().__init__(cfg, layer, flags)
         self.ln1 = components.norm(cfg)
-        self.attn = components.attention(cfg, self.flags)
+        self.attn = components.attention(cfg, self.flags, layer)
         self.ln2 = components.norm(cfg)
         self.mlp = components.mlp(cfg)
         self.hook_resid_pre = HookPoint()

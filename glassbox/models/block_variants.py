@@ -11,6 +11,18 @@ Parallel (GPT-J's): attention and MLP both read ln1(resid_pre) and
 resid_post = resid_pre + attn_out + mlp_out; there is no ln2 and no ``hook_resid_mid``. Of the hook
 flags only use_attn_result applies (``hook_flags.check_flags`` refuses the others by name).
 
+Sandwich (Gemma 2 and 3): resid_mid = resid_pre + ln1_post(attn(ln1(resid_pre))),
+resid_post = resid_mid + ln2_post(mlp(ln2(resid_mid))); ``hook_attn_out`` and ``hook_mlp_out`` are the
+post-norms' outputs, what is added to the residual stream (as in TransformerLens).
+
+Output-norm (OLMo 2): resid_mid = resid_pre + ln1(attn(resid_pre)), resid_post = resid_mid +
+ln2(mlp(resid_mid)): ln1 and ln2 normalise the sublayers' outputs (TransformerLens's names for OLMo
+2); the attention and the MLP read the residual stream itself. Under the input flags the attention
+reads the per-head copies directly, and ``hook_mlp_in`` is a copy of resid_mid.
+
+Parallel with ``cfg.parallel_ln2`` (GPT-NeoX): the MLP reads ln2(resid_pre), its own norm, and
+``hook_mlp_in`` (use_hook_mlp_in) is a copy of resid_pre before ln2, as in TransformerLens.
+
 Attention-only (TransformerLens's attn_only): resid_post = resid_pre + attn(ln1(resid_pre)); no ln2,
 no MLP, no ``hook_resid_mid``, ``hook_mlp_in`` or ``hook_mlp_out``, as in TransformerLens 3.9, where
 only these hook points fire in such a block.
@@ -50,14 +62,56 @@ class PostNormBlock(TransformerBlock):
         return self.hook_resid_post(self.ln2(resid + mlp_out))
 
 
-class ParallelBlock(nn.Module):
+class SandwichBlock(TransformerBlock):
+    """The pre-norm block with a norm after each sublayer as well (ln1_post, ln2_post)."""
+
     def __init__(self, cfg: Config, layer: int, flags: Optional[HookFlags] = None):
-        super().__init__()
-        self.layer = layer
+        super().__init__(cfg, layer, flags)
+        self.ln1_post = components.norm(cfg)
+        self.ln2_post = components.norm(cfg)
+
+    def forward(
+        self,
+        resid: Float[Tensor, "batch pos d_model"],
+        positions: Optional[Tensor] = None,
+        attn_mask: Optional[Tensor] = None,
+        kv: Optional[LayerKV] = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        resid = self.hook_resid_pre(resid)
+        attn_out = self.hook_attn_out(self.ln1_post(self.attend(resid, self.ln1, positions, attn_mask, kv)))
+        resid = self.hook_resid_mid(resid + attn_out)
+        mlp_out = self.hook_mlp_out(self.ln2_post(self.mlp(self.ln2(self.mlp_input(resid)))))
+        return self.hook_resid_post(resid + mlp_out)
+
+
+class OutputNormBlock(TransformerBlock):
+    """Sublayers read the residual stream; ln1 and ln2 normalise their outputs before the sum."""
+
+    def forward(
+        self,
+        resid: Float[Tensor, "batch pos d_model"],
+        positions: Optional[Tensor] = None,
+        attn_mask: Optional[Tensor] = None,
+        kv: Optional[LayerKV] = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        resid = self.hook_resid_pre(resid)
+        attn_out = self.hook_attn_out(self.ln1(self.attend(resid, _identity, positions, attn_mask, kv)))
+        resid = self.hook_resid_mid(resid + attn_out)
+        mlp_out = self.hook_mlp_out(self.ln2(self.mlp(self.mlp_input(resid))))
+        return self.hook_resid_post(resid + mlp_out)
+
+
+class ParallelBlock(AttentionInputs):
+    def __init__(self, cfg: Config, layer: int, flags: Optional[HookFlags] = None):
+        super().__init__(cfg, layer, flags)
         self.ln1 = components.norm(cfg)
-        self.attn = components.attention(cfg, flags)
-        self.mlp = components.mlp(cfg)
+        self.attn = components.attention(cfg, self.flags, layer)
         self.hook_resid_pre = HookPoint()
+        if cfg.parallel_ln2:  # the attention's input is its own: the input flags apply
+            self.add_attention_input_hooks()
+            self.ln2 = components.norm(cfg)
+            self.hook_mlp_in = HookPoint()
+        self.mlp = components.mlp(cfg)
         self.hook_attn_out = HookPoint()
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
@@ -70,6 +124,10 @@ class ParallelBlock(nn.Module):
         kv: Optional[LayerKV] = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         resid = self.hook_resid_pre(resid)
+        if hasattr(self, "ln2"):  # GPT-NeoX: two norms of resid_pre
+            attn_out = self.hook_attn_out(self.attend(resid, self.ln1, positions, attn_mask, kv))
+            mlp_out = self.hook_mlp_out(self.mlp(self.ln2(self.mlp_input(resid))))
+            return self.hook_resid_post(resid + attn_out + mlp_out)
         normed = self.ln1(resid)
         attn_out = self.hook_attn_out(self.attn(normed, positions, attn_mask, kv))
         mlp_out = self.hook_mlp_out(self.mlp(normed))
@@ -80,7 +138,7 @@ class AttnOnlyBlock(AttentionInputs):
     def __init__(self, cfg: Config, layer: int, flags: Optional[HookFlags] = None):
         super().__init__(cfg, layer, flags)
         self.ln1 = components.norm(cfg)
-        self.attn = components.attention(cfg, self.flags)
+        self.attn = components.attention(cfg, self.flags, layer)
         self.hook_resid_pre = HookPoint()
         self.add_attention_input_hooks()
         self.hook_attn_out = HookPoint()
@@ -104,5 +162,6 @@ def block(cfg: Config, layer: int, flags: Optional[HookFlags] = None) -> nn.Modu
         return AttnOnlyBlock(cfg, layer, flags)
     if cfg.parallel_attn_mlp:
         return ParallelBlock(cfg, layer, flags)
-    cls = PostNormBlock if cfg.norm_placement == "post" else TransformerBlock
+    cls = {"pre": TransformerBlock, "post": PostNormBlock, "sandwich": SandwichBlock,
+           "output": OutputNormBlock}[cfg.norm_placement]
     return cls(cfg, layer, flags)

@@ -28,9 +28,11 @@ def norm(cfg: Config) -> nn.Module:
     return NORMS[cfg.normalization](cfg)
 
 
-def attention(cfg: Config, flags: Optional[HookFlags] = None) -> Attention:
-    """The attention class for the positions; ``flags`` is the model's HookFlags (shared, read per forward)."""
-    return RotaryAttention(cfg, flags) if cfg.positional == "rotary" else Attention(cfg, flags)
+def attention(cfg: Config, flags: Optional[HookFlags] = None, layer: int = 0) -> Attention:
+    """The attention class for the positions, built for ``layer`` (its scale, local or global rotation);
+    ``flags`` is the model's HookFlags (shared, read per forward)."""
+    cls = RotaryAttention if cfg.positional == "rotary" else Attention
+    return cls(cfg, flags, layer)
 
 
 def mlp(cfg: Config) -> nn.Module:
@@ -43,12 +45,14 @@ def positional_embedding(cfg: Config) -> Optional[nn.Module]:
 
 
 def share_rotary_tables(blocks: nn.ModuleList) -> None:
-    """Give every layer's rotary attention one table (grown once, cast once per device and dtype)."""
-    attns = [b.attn for b in blocks if isinstance(getattr(b, "attn", None), RotaryAttention)]
-    for attn in attns[1:]:
-        attn.rotary = attns[0].rotary
+    """Give the rotary attentions of equal rotation one table (grown once, cast once per device and dtype)."""
+    tables = {}
+    for b in blocks:
+        attn = getattr(b, "attn", None)
+        if isinstance(attn, RotaryAttention):
+            attn.rotary = tables.setdefault(attn.rotary.key, attn.rotary)
 
 
 def final_norm(cfg: Config) -> nn.Module:
-    """Pre-norm models normalise before the unembedding; post-norm blocks already end in a norm."""
-    return norm(cfg) if cfg.norm_placement == "pre" else nn.Identity()
+    """Every placement but "post" normalises before the unembedding; post-norm blocks end in a norm."""
+    return nn.Identity() if cfg.norm_placement == "post" else norm(cfg)

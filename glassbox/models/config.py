@@ -13,6 +13,31 @@ positional "learned" | "sinusoidal" | "rotary" (rotary_dim leading dims of each 
 with act_fn "silu"); use_bias for every linear map and norm; tied_unembed; init_scheme "gpt2" |
 "truncated_normal". Named combinations live in ``presets.py``.
 
+The options of today's model families (each defaults to GPT-2's behaviour):
+- n_key_value_heads: grouped-query (1 < n < n_heads) or multi-query (1) attention; must divide n_heads.
+  Query head h reads key/value head h // (n_heads / n_key_value_heads). ungroup_grouped_query_attention
+  repeats keys and values to n_heads before their hooks (TransformerLens's flag of that name).
+- qkv_bias, attn_out_bias, mlp_bias: per-part biases (None: use_bias). Qwen2 has q/k/v biases only.
+- attn_scale: the factor on q.k (None: 1/sqrt(d_head)); scale_attn_by_inverse_layer_idx divides layer
+  L's scores by L + 1 as well (GPT-2's options); upcast_attn computes scores and softmax in float32
+  for half-precision models (GPT-2's reorder_and_upcast_attn).
+- qk_norm: None | "head" (RMSNorm over each head's d_head, one weight shared by the heads: Qwen3,
+  Gemma 3) | "full" (RMSNorm over all heads' queries together, keys likewise: OLMo 2); after W_Q/W_K,
+  before the rotation.
+- attn_scores_soft_cap, output_logits_soft_cap: cap * tanh(x / cap) on the scores (before the mask)
+  and on the logits (Gemma 2).
+- attn_types: one of "global" | "local" per layer (None: all global); local layers attend to the
+  window_size most recent positions, themselves included (q - k < window_size), and use
+  rotary_base_local (without rope_scaling) when it is set (Gemma 2 and 3, Mistral).
+- rope_scaling: None or a dict {"rope_type": "linear" | "dynamic" | "llama3" | "yarn", ...} with
+  Hugging Face's parameter names (see ``positional.py``).
+- norm_weight_offset: norms multiply by (offset + w) (Gemma: 1.0, w stored as in the checkpoint).
+- scale_embed: token embeddings times sqrt(d_model), the factor rounded to the model's dtype (Gemma).
+- norm_placement "sandwich": x + norm_post(f(norm(x))) (Gemma 2 and 3: ln1, ln1_post, ln2, ln2_post);
+  "output": x + norm(f(x)) (OLMo 2: ln1 and ln2 normalise the sublayers' outputs).
+- parallel_ln2: in a parallel block the MLP reads its own norm ln2(resid_pre) (GPT-NeoX), not ln1's
+  output (GPT-J).
+
 ``n_ctx`` must be in [1, 2**31]. Rotary models size their tables by the positions used, so a large
 n_ctx costs nothing there; learned positions (W_pos [n_ctx d_model]) and sinusoidal ones (a buffer
 of the same shape) still allocate n_ctx rows.
@@ -24,7 +49,10 @@ from typing import Optional
 
 ACT_FNS = ("gelu_new", "gelu", "relu", "silu")
 NORMALIZATIONS = ("LN", "RMS")
-NORM_PLACEMENTS = ("pre", "post")
+NORM_PLACEMENTS = ("pre", "post", "sandwich", "output")
+QK_NORMS = (None, "head", "full")
+ATTN_TYPES = ("global", "local")
+ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn")
 POSITIONALS = ("learned", "sinusoidal", "rotary")
 ROTARY_STYLES = ("interleaved", "half")
 INIT_SCHEMES = ("gpt2", "truncated_normal")
@@ -59,6 +87,24 @@ class Config:
     init_scheme: str = "gpt2"
     default_prepend_bos: bool = True
     model_name: str = "custom"
+    n_key_value_heads: Optional[int] = None
+    ungroup_grouped_query_attention: bool = False
+    qkv_bias: Optional[bool] = None
+    attn_out_bias: Optional[bool] = None
+    mlp_bias: Optional[bool] = None
+    attn_scale: Optional[float] = None
+    scale_attn_by_inverse_layer_idx: bool = False
+    upcast_attn: bool = False
+    qk_norm: Optional[str] = None
+    attn_scores_soft_cap: Optional[float] = None
+    output_logits_soft_cap: Optional[float] = None
+    attn_types: Optional[tuple] = None
+    window_size: Optional[int] = None
+    rotary_base_local: Optional[float] = None
+    rope_scaling: Optional[dict] = None
+    norm_weight_offset: float = 0.0
+    scale_embed: bool = False
+    parallel_ln2: bool = False
 
     def __post_init__(self):
         for name in ("d_model", "n_layers", "n_heads", "d_vocab", "n_ctx"):
@@ -110,6 +156,73 @@ class Config:
             raise ValueError(f"Config.rotary_dim is set but positional={self.positional!r}, not 'rotary'")
         if self.unembed_bias and self.tied_unembed is None:
             raise ValueError("Config.unembed_bias needs an unembedding")
+        self._check_family_options()
+
+    def _check_family_options(self) -> None:
+        if self.n_key_value_heads is None:
+            object.__setattr__(self, "n_key_value_heads", self.n_heads)
+        _positive_int(self, "n_key_value_heads")
+        if self.n_heads % self.n_key_value_heads:
+            raise ValueError(f"Config.n_key_value_heads={self.n_key_value_heads} must divide n_heads={self.n_heads}")
+        for name in ("qkv_bias", "attn_out_bias", "mlp_bias"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, self.use_bias)
+        for name in ("ungroup_grouped_query_attention", "qkv_bias", "attn_out_bias", "mlp_bias",
+                     "scale_attn_by_inverse_layer_idx", "upcast_attn", "scale_embed", "parallel_ln2"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Config.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.attn_scale is not None and not (isinstance(self.attn_scale, (int, float)) and self.attn_scale > 0):
+            raise ValueError(f"Config.attn_scale must be a number > 0 (or None for 1/sqrt(d_head)), got {self.attn_scale!r}")
+        _one_of(self, "qk_norm", QK_NORMS)
+        for name in ("attn_scores_soft_cap", "output_logits_soft_cap"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"Config.{name} must be a number > 0 or None, got {value!r}")
+        if self.attn_types is not None:
+            object.__setattr__(self, "attn_types", tuple(self.attn_types))
+            if len(self.attn_types) != self.n_layers or any(t not in ATTN_TYPES for t in self.attn_types):
+                raise ValueError(f"Config.attn_types must give one of {ATTN_TYPES} for each of the n_layers="
+                                 f"{self.n_layers} layers, got {self.attn_types!r}")
+            if "local" in self.attn_types:
+                _positive_int(self, "window_size")
+        if self.window_size is not None and "local" not in (self.attn_types or ()):
+            raise ValueError("Config.window_size is set but no layer is local (attn_types); set attn_types, e.g. "
+                             "('local',) * n_layers for sliding-window attention in every layer")
+        if self.rotary_base_local is not None and not (self.positional == "rotary" and self.rotary_base_local > 0):
+            raise ValueError(f"Config.rotary_base_local={self.rotary_base_local!r} needs positional='rotary' and a "
+                             "value > 0")
+        if self.rope_scaling is not None:
+            if self.positional != "rotary":
+                raise ValueError("Config.rope_scaling is set but positional is not 'rotary'")
+            if not isinstance(self.rope_scaling, dict) or self.rope_scaling.get("rope_type") not in ROPE_TYPES:
+                raise ValueError(f"Config.rope_scaling must be a dict whose 'rope_type' is one of {ROPE_TYPES}, got "
+                                 f"{self.rope_scaling!r}")
+            object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
+        if not isinstance(self.norm_weight_offset, (int, float)) or isinstance(self.norm_weight_offset, bool):
+            raise ValueError(f"Config.norm_weight_offset must be a number, got {self.norm_weight_offset!r}")
+        if self.norm_weight_offset and self.normalization != "RMS":
+            raise ValueError("Config.norm_weight_offset is for RMSNorm models (Gemma); normalization is "
+                             f"{self.normalization!r}")
+        if self.parallel_ln2 and not self.parallel_attn_mlp:
+            raise ValueError("Config.parallel_ln2=True needs parallel_attn_mlp=True")
+        if self.qk_norm == "full" and self.ungroup_grouped_query_attention and self.n_key_value_heads < self.n_heads:
+            raise ValueError("Config.qk_norm='full' normalises the grouped keys together, so it cannot be combined "
+                             "with ungroup_grouped_query_attention=True")
+        if self.qk_norm is not None and self.normalization != "RMS":
+            raise ValueError("Config.qk_norm is an RMSNorm of queries and keys; it needs normalization='RMS'")
+
+    @property
+    def n_kv_groups(self) -> int:
+        """Query heads per key/value head (1 without grouped-query attention)."""
+        return self.n_heads // self.n_key_value_heads
+
+    def layer_attn_type(self, layer: int) -> str:
+        return "global" if self.attn_types is None else self.attn_types[layer]
+
+    def layer_attn_scale(self, layer: int) -> float:
+        """The factor layer ``layer`` multiplies q.k by."""
+        scale = self.attn_scale if self.attn_scale is not None else self.d_head ** -0.5
+        return scale / (layer + 1) if self.scale_attn_by_inverse_layer_idx else scale
 
     def replace(self, **changes) -> "Config":
         """A copy with some fields changed (validated again).
@@ -119,12 +232,18 @@ class Config:
         """
         derived = {
             "d_head": ("d_model", "n_heads"), "d_mlp": ("d_model",), "rotary_dim": ("d_model", "n_heads", "d_head"),
+            "n_key_value_heads": ("n_heads",),
         }
         defaults = {"d_head": self.d_model // self.n_heads, "d_mlp": 4 * self.d_model,
-                    "rotary_dim": self.d_head if self.positional == "rotary" else None}
+                    "rotary_dim": self.d_head if self.positional == "rotary" else None,
+                    "n_key_value_heads": self.n_heads}
         for field, sources in derived.items():
             if field not in changes and any(s in changes for s in sources) and getattr(self, field) == defaults[field]:
                 changes[field] = None
+        if "use_bias" in changes:  # per-part biases that followed use_bias follow it again
+            for field in ("qkv_bias", "attn_out_bias", "mlp_bias"):
+                if field not in changes and getattr(self, field) == self.use_bias:
+                    changes[field] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:

@@ -5,6 +5,11 @@ right-multiplies. With ``cfg.tied_unembed`` (GPT-2's choice) W_U is a view of W_
 not a parameter of its own, so the two can never drift apart. The unembedding's ``hook_in``
 [batch pos d_model] is what it reads (the final norm's output) and ``hook_out`` [batch pos d_vocab] the
 logits, as in TransformerLens.
+
+Gemma's options: ``cfg.scale_embed`` multiplies the token embedding by sqrt(d_model), the factor
+rounded to the model's dtype first (as transformers does); ``hook_embed`` sees the scaled value. With
+``cfg.output_logits_soft_cap`` the unembedding's ``hook_pre_cap`` holds x @ W_U + b_U and ``hook_out``
+the capped logits cap * tanh(that / cap) (TransformerLens hooks the uncapped value only).
 """
 
 from typing import Optional
@@ -22,9 +27,13 @@ class Embed(nn.Module):
     def __init__(self, cfg: Config):
         super().__init__()
         self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
+        self.scale = cfg.d_model ** 0.5 if cfg.scale_embed else None
 
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
-        return F.embedding(tokens, self.W_E)
+        embedded = F.embedding(tokens, self.W_E)
+        if self.scale is None:
+            return embedded
+        return embedded * torch.tensor(self.scale, dtype=embedded.dtype)
 
 
 class PosEmbed(nn.Module):
@@ -49,7 +58,10 @@ class Unembed(nn.Module):
             # Stored as [d_vocab d_model] memory (F.linear's weight layout); W_U is its transpose view.
             self.W_U_T = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
         self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab)) if cfg.unembed_bias else None
+        self.soft_cap = cfg.output_logits_soft_cap
         self.hook_in = HookPoint()
+        if self.soft_cap is not None:
+            self.hook_pre_cap = HookPoint()
         self.hook_out = HookPoint()
 
     @property
@@ -60,4 +72,7 @@ class Unembed(nn.Module):
         return self._tied_to[0].W_E if self._tied_to else self.W_U_T
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-        return self.hook_out(F.linear(self.hook_in(x), self._weight(), self.b_U))
+        logits = F.linear(self.hook_in(x), self._weight(), self.b_U)
+        if self.soft_cap is not None:
+            logits = torch.tanh(self.hook_pre_cap(logits) / self.soft_cap) * self.soft_cap
+        return self.hook_out(logits)

@@ -21,9 +21,9 @@ class GatedMLP(nn.Module):
         self.W_gate = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
         self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
         self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
-        self.b_gate = nn.Parameter(torch.zeros(cfg.d_mlp)) if cfg.use_bias else None
-        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp)) if cfg.use_bias else None
-        self.b_out = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.use_bias else None
+        self.b_gate = nn.Parameter(torch.zeros(cfg.d_mlp)) if cfg.mlp_bias else None
+        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp)) if cfg.mlp_bias else None
+        self.b_out = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.mlp_bias else None
         self.act = ACTIVATIONS[cfg.act_fn]
         self.hook_pre = HookPoint()
         self.hook_pre_linear = HookPoint()

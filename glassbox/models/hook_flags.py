@@ -120,10 +120,15 @@ def check_flags(cfg, flags: "HookFlags") -> None:
             "(set_use_attn_in(False) or set_use_split_qkv_input(False))")
     if flags.use_hook_mlp_in and getattr(cfg, "attn_only", False):
         raise HookFlagError("use_hook_mlp_in needs an MLP, and this model is attention-only (Config.attn_only=True)")
-    if cfg.parallel_attn_mlp:
+    if flags.use_attn_in and getattr(cfg, "qk_norm", None) == "full" and cfg.n_key_value_heads < cfg.n_heads:
+        raise HookFlagError("use_attn_in gives each query head its own keys, but Config.qk_norm='full' normalises the "
+                            "grouped keys together (OLMo 2); use use_split_qkv_input, whose key and value inputs are "
+                            "one per kv head")
+    if cfg.parallel_attn_mlp and not getattr(cfg, "parallel_ln2", False):
         for flag in ("use_attn_in", "use_split_qkv_input", "use_hook_mlp_in"):
             if getattr(flags, flag):
                 raise HookFlagError(
-                    f"{flag} is not supported with parallel blocks (Config.parallel_attn_mlp=True): attention "
+                    f"{flag} is not supported with parallel blocks (Config.parallel_attn_mlp=True) that have "
+                    "one norm (parallel_ln2=False, GPT-J's): attention "
                     "and MLP read one ln1 output, so a separate input for one of them would run ln1 (and its "
                     "hooks) twice on different values")

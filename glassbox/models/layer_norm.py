@@ -14,6 +14,8 @@ scale was replaced, from (x - mean) / the hooked scale. Both agree with the fuse
 Footgun: before 3.x semantics, ``hook_normalized`` held the post-affine output; that is ``hook_out`` now.
 """
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
@@ -25,11 +27,12 @@ from .norm_scale import hooked_scale
 
 
 class LayerNorm(nn.Module):
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, length: Optional[int] = None):
         super().__init__()
         self.eps = cfg.layer_norm_eps
-        self.w = nn.Parameter(torch.ones(cfg.d_model))
-        self.b = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.use_bias else None
+        length = cfg.d_model if length is None else length
+        self.w = nn.Parameter(torch.ones(length))
+        self.b = nn.Parameter(torch.zeros(length)) if cfg.use_bias else None
         self.hook_scale = HookPoint()
         self.hook_normalized = HookPoint()
         self.hook_out = HookPoint()

@@ -62,11 +62,19 @@ class RotaryTable:
 
     MIN_ROWS = 64
 
-    def __init__(self, n_ctx: int, rotary_dim: int, base: float):
+    def __init__(self, n_ctx: int, rotary_dim: int, base: float, scaling=None):
+        if scaling is not None:
+            raise NotImplementedError(f"rope scaling {scaling.get('rope_type')!r} is not implemented yet")
         self.n_ctx, self.rotary_dim, self.base = n_ctx, rotary_dim, base
+        self.scaling = scaling
         # (rows, cos float64, sin float64, {(device, dtype): (cos, sin)}), replaced whole when it
         # grows, so a reader on another thread never sees a cast copy of another size.
         self._state: tuple = (0, None, None, {})
+
+    @property
+    def key(self) -> tuple:
+        """Tables with equal keys hold equal numbers (layers with equal keys share one table)."""
+        return (self.n_ctx, self.rotary_dim, self.base, repr(sorted((self.scaling or {}).items())))
 
     @property
     def rows(self) -> int:

@@ -6,8 +6,11 @@ stay the unrotated projections). The key-value cache stores rotated keys, so cac
 never rotated twice. The pairing convention ("half" or "interleaved") is chosen at construction.
 
 The cos/sin tables are a ``RotaryTable`` (``positional.py``), built for the positions actually used
-and shared by all layers of one model (``components.share_rotary_tables``); they are neither
-parameters nor buffers, so they are not in the state dict and cost nothing at construction.
+and shared by all layers of one model with the same rotation (``components.share_rotary_tables``);
+they are neither parameters nor buffers, so they are not in the state dict and cost nothing at
+construction. A local layer uses ``cfg.rotary_base_local`` without rope scaling when that is set
+(Gemma 3); every other layer uses ``rotary_base`` and ``cfg.rope_scaling``. With grouped-query
+attention ``hook_rot_k`` has the kv-head axis of ``hook_k``.
 
 Footgun: position ids must be below ``past + pos`` (the model's positions always are); the table is
 grown to that length, not to n_ctx. The model checks lengths against n_ctx before this.
@@ -25,14 +28,17 @@ from .positional import ROTATIONS, RotaryTable
 
 
 class RotaryAttention(Attention):
-    def __init__(self, cfg: Config, flags=None):
-        super().__init__(cfg, flags)
-        self.rotary = RotaryTable(cfg.n_ctx, cfg.rotary_dim, cfg.rotary_base)
+    def __init__(self, cfg: Config, flags=None, layer: int = 0):
+        super().__init__(cfg, flags, layer)
+        if cfg.layer_attn_type(layer) == "local" and cfg.rotary_base_local is not None:
+            self.rotary = RotaryTable(cfg.n_ctx, cfg.rotary_dim, cfg.rotary_base_local)
+        else:
+            self.rotary = RotaryTable(cfg.n_ctx, cfg.rotary_dim, cfg.rotary_base, cfg.rope_scaling)
         self.rotation = ROTATIONS[cfg.rotary_style]
         self.hook_rot_q = HookPoint()
         self.hook_rot_k = HookPoint()
 
-    def rotate(self, q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batch pos head d_head"],
+    def rotate(self, q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batch pos kv_head d_head"],
                positions: Optional[Int[Tensor, "batch pos"]], past: int = 0) -> tuple:
         if positions is None:
             raise ValueError("rotary attention needs the position of every token (positions=None given)")

@@ -212,7 +212,7 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
         if past_kv_cache is not None:
             key_mask = past_kv_cache.extend_mask(attention_mask, tokens.shape)
         positions = positions_for(tokens, key_mask, past)
-        attn_mask = attention_mask_for(key_mask, tokens.shape[1], past + tokens.shape[1], tokens.device)
+        attn_mask = self.layer_masks(key_mask, tokens.shape[1], past + tokens.shape[1], tokens.device)
 
         resid = self.hook_embed(self.embed(tokens))
         if self.pos_embed is not None:
@@ -246,16 +246,23 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
         attention_mask = inputs.optional_mask(attention_mask, batch_pos, resid.device,
                                                 "the residual stream has batch pos")
         positions = positions_for(resid[..., 0], attention_mask, 0)
-        attn_mask = attention_mask_for(attention_mask, resid.shape[1], resid.shape[1], resid.device)
+        attn_mask = self.layer_masks(attention_mask, resid.shape[1], resid.shape[1], resid.device)
         return self.run_blocks(resid, start_at_layer, stop_at_layer, positions, attn_mask, None, return_type,
                                tokens, attention_mask, loss_per_token)
 
-    def run_blocks(self, resid, start, stop, positions, attn_mask, past_kv_cache, return_type, tokens,
+    def layer_masks(self, key_mask, query_len: int, key_len: int, device) -> dict:
+        """{"global": mask, "local": mask} (``masks.attention_mask_for``), the local one only with local layers."""
+        masks = {"global": attention_mask_for(key_mask, query_len, key_len, device)}
+        if self.cfg.attn_types is not None and "local" in self.cfg.attn_types:
+            masks["local"] = attention_mask_for(key_mask, query_len, key_len, device, window=self.cfg.window_size)
+        return masks
+
+    def run_blocks(self, resid, start, stop, positions, attn_masks, past_kv_cache, return_type, tokens,
                    attention_mask, loss_per_token):
         end = self.cfg.n_layers if stop is None else self.check_stop(stop, start)
         for block in self.blocks[start:end]:
             kv = past_kv_cache[block.layer] if past_kv_cache is not None else None
-            resid = block(resid, positions, attn_mask, kv)
+            resid = block(resid, positions, attn_masks[self.cfg.layer_attn_type(block.layer)], kv)
         if stop is not None:
             return resid
         if return_type is None:
@@ -313,9 +320,17 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
             raise AttributeError(f"an attention-only model (Config.attn_only=True) has no MLP, so no {name}")
         return torch.stack([getattr(getattr(block, module), name) for block in self.blocks])
 
+    def _stacked_kv(self, name: str) -> Tensor:
+        """Keys' or values' weights per query head: grouped-query kv heads repeated (as TransformerLens)."""
+        stacked = self._stacked("attn", name)
+        groups = self.cfg.n_kv_groups
+        return stacked.repeat_interleave(groups, dim=1) if groups > 1 else stacked
+
     W_Q = property(lambda self: self._stacked("attn", "W_Q"), doc="[layer head d_model d_head] (a copy)")
-    W_K = property(lambda self: self._stacked("attn", "W_K"), doc="[layer head d_model d_head] (a copy)")
-    W_V = property(lambda self: self._stacked("attn", "W_V"), doc="[layer head d_model d_head] (a copy)")
+    W_K = property(lambda self: self._stacked_kv("W_K"),
+                   doc="[layer head d_model d_head] (a copy; grouped-query kv heads repeated per query head)")
+    W_V = property(lambda self: self._stacked_kv("W_V"),
+                   doc="[layer head d_model d_head] (a copy; grouped-query kv heads repeated per query head)")
     W_O = property(lambda self: self._stacked("attn", "W_O"), doc="[layer head d_head d_model] (a copy)")
     W_in = property(lambda self: self._stacked("mlp", "W_in"), doc="[layer d_model d_mlp] (a copy)")
     W_out = property(lambda self: self._stacked("mlp", "W_out"), doc="[layer d_mlp d_model] (a copy)")

@@ -1,45 +1,33 @@
 """The Hugging Face architectures glassbox converts to and from, keyed by ``model_type``.
 
-Each entry names the ``transformers`` config and model classes and the four pure functions of its
-converter module (``gpt2.py``, ``llama.py``, ``gptj.py``). Loading picks the entry by the folder's
-or model's ``model_type``; exporting picks the first entry whose ``config_to`` accepts the glassbox
-Config (each refuses configs it cannot represent, with the reason).
+Each family module lists its ``Architecture`` entries (``family.py``) in ``FAMILIES``. Loading picks
+the entry by the folder's or model's ``model_type`` (or, for a model_type glassbox does not know, by
+the model class named in config.json's ``architectures``); exporting picks the first entry whose
+``config_to`` accepts the glassbox Config (each refuses configs it cannot represent, with the reason).
 """
 
-from dataclasses import dataclass
-from typing import Callable
-
 from ..models import Config
-from . import gpt2, gptj, llama
+from . import gemma, gpt2, gptj, llama, neox, olmo2, qwen
+from .family import Architecture
+
+ARCHITECTURES = {arch.model_type: arch for module in (gpt2, llama, gptj, qwen, gemma, neox, olmo2)
+                 for arch in module.FAMILIES}
+
+__all__ = ["ARCHITECTURES", "Architecture", "architecture_of_config", "architecture_of_type"]
 
 
-@dataclass(frozen=True)
-class Architecture:
-    model_type: str
-    hf_config_class: str  # a name in the transformers package
-    hf_model_class: str
-    config_from: Callable  # HF config -> Config
-    to_glassbox: Callable  # (HF state dict, Config, source) -> our state dict
-    config_to: Callable  # Config -> HF config (ValueError when it cannot represent it)
-    to_hf: Callable  # (our state dict, Config) -> HF state dict
-
-
-ARCHITECTURES = {
-    "gpt2": Architecture("gpt2", "GPT2Config", "GPT2LMHeadModel", gpt2.config_from_hf, gpt2.hf_to_glassbox,
-                         gpt2.config_to_hf, gpt2.glassbox_to_hf),
-    "llama": Architecture("llama", "LlamaConfig", "LlamaForCausalLM", llama.config_from_llama,
-                          llama.llama_to_glassbox, llama.config_to_llama, llama.glassbox_to_llama),
-    "gptj": Architecture("gptj", "GPTJConfig", "GPTJForCausalLM", gptj.config_from_gptj, gptj.gptj_to_glassbox,
-                         gptj.config_to_gptj, gptj.glassbox_to_gptj),
-}
-
-
-def architecture_of_type(model_type, source: str = "config") -> Architecture:
-    """The entry for a Hugging Face ``model_type``; ValueError naming the supported ones."""
-    if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
-        raise ValueError(f"{source} describes model_type={model_type!r}; glassbox converts "
-                         f"{', '.join(ARCHITECTURES)}")
-    return ARCHITECTURES[model_type]
+def architecture_of_type(model_type, source: str = "config", hf_architectures=None) -> Architecture:
+    """The entry for a Hugging Face ``model_type`` (else for a class in ``hf_architectures``);
+    ValueError naming the architecture and the supported ones."""
+    if isinstance(model_type, str) and model_type in ARCHITECTURES:
+        return ARCHITECTURES[model_type]
+    for name in hf_architectures or ():
+        for arch in ARCHITECTURES.values():
+            if arch.hf_model_class == name:
+                return arch
+    named = f" (architectures={list(hf_architectures)})" if hf_architectures else ""
+    raise ValueError(f"{source} describes model_type={model_type!r}{named}; glassbox converts "
+                     f"{', '.join(ARCHITECTURES)}")
 
 
 def architecture_of_config(cfg: Config) -> Architecture:

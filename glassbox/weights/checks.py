@@ -49,9 +49,10 @@ KIND_TEXT = {"size": "a positive integer", "size?": "a positive integer or null"
              "object?": "a JSON object or null"}
 
 
-def check_config_fields(config: dict, model_type: str, source: str) -> None:
-    """Each known field of ``config`` (a parsed config.json) has its kind; ValueError naming it."""
-    for field, kind in CONFIG_FIELDS.get(model_type, {}).items():
+def check_config_fields(config: dict, fields: Mapping[str, str], source: str) -> None:
+    """Each field of ``config`` (a parsed config.json) named in ``fields`` (field -> kind) has its kind;
+    ValueError naming it."""
+    for field, kind in fields.items():
         if field in config and not _is_kind(config[field], kind):
             raise ValueError(f"{source}: field {field!r} must be {KIND_TEXT[kind]}, got "
                              f"{_short(config[field])} ({type(config[field]).__name__})")
@@ -81,12 +82,13 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def check_against_weights(hf_config, model_type: str, shapes: Mapping[str, tuple], config_source: str,
+def check_against_weights(hf_config, layout, shapes: Mapping[str, tuple], config_source: str,
                           weights_source: str) -> None:
-    """The config's layer count and embedding sizes agree with the weights' tensor names and shapes."""
-    if model_type not in WEIGHT_LAYOUT:
+    """The config's layer count and embedding sizes agree with the weights' tensor names and shapes
+    (``layout``: an Architecture's ``weight_layout``; None checks nothing)."""
+    if layout is None:
         return
-    layer_field, pattern, embeddings = WEIGHT_LAYOUT[model_type]
+    layer_field, pattern, embeddings = layout
     claimed = getattr(hf_config, layer_field)
     found = sorted({int(m.group(1)) for m in map(re.compile(pattern).match, shapes) if m})
     if len(found) != claimed or found != list(range(len(found))):  # never a list of the claimed size

@@ -13,6 +13,8 @@ import torch
 from torch import Tensor
 
 from ..models import Config, HookedTransformer
+from .checks import CONFIG_FIELDS, WEIGHT_LAYOUT
+from .family import Architecture
 
 SUPPORTED_ACTIVATIONS = ("gelu_new", "gelu", "relu", "silu")
 
@@ -164,3 +166,7 @@ def glassbox_to_hf(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
         })
     out["lm_head.weight"] = sd["unembed.W_U_T"] if not cfg.tied_unembed else sd["embed.W_E"]
     return {k: v.contiguous() for k, v in out.items()}
+
+
+FAMILIES = [Architecture("gpt2", "GPT2Config", "GPT2LMHeadModel", config_from_hf, hf_to_glassbox, config_to_hf, glassbox_to_hf,
+                         CONFIG_FIELDS["gpt2"], WEIGHT_LAYOUT["gpt2"])]

@@ -16,6 +16,8 @@ from torch import Tensor
 
 from ..models import Config
 from .gpt2 import check_shapes, expected_shapes
+from .checks import CONFIG_FIELDS, WEIGHT_LAYOUT
+from .family import Architecture
 
 GPTJ_OPTIONS = dict(normalization="LN", norm_placement="pre", parallel_attn_mlp=True, positional="rotary",
                     rotary_style="interleaved", rotary_base=10000.0, gated_mlp=False, use_bias=True,
@@ -126,3 +128,7 @@ def glassbox_to_gptj(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
         })
     out["lm_head.weight"] = sd["unembed.W_U_T"] if not cfg.tied_unembed else sd["embed.W_E"]
     return {k: v.contiguous() for k, v in out.items()}
+
+
+FAMILIES = [Architecture("gptj", "GPTJConfig", "GPTJForCausalLM", config_from_gptj, gptj_to_glassbox, config_to_gptj, glassbox_to_gptj,
+                         CONFIG_FIELDS["gptj"], WEIGHT_LAYOUT["gptj"])]

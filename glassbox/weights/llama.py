@@ -13,6 +13,8 @@ from torch import Tensor
 
 from ..models import Config
 from .gpt2 import check_shapes, expected_shapes
+from .checks import CONFIG_FIELDS, WEIGHT_LAYOUT
+from .family import Architecture
 
 LLAMA_OPTIONS = dict(normalization="RMS", norm_placement="pre", positional="rotary", rotary_style="half",
                      act_fn="silu", gated_mlp=True, use_bias=False, unembed_bias=False,
@@ -124,3 +126,7 @@ def glassbox_to_llama(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
         })
     out["lm_head.weight"] = sd["unembed.W_U_T"] if not cfg.tied_unembed else sd["embed.W_E"]
     return {k: v.contiguous() for k, v in out.items()}
+
+
+FAMILIES = [Architecture("llama", "LlamaConfig", "LlamaForCausalLM", config_from_llama, llama_to_glassbox, config_to_llama, glassbox_to_llama,
+                         CONFIG_FIELDS["llama"], WEIGHT_LAYOUT["llama"])]

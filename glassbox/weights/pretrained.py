@@ -113,7 +113,7 @@ def _folder_config(folder: Path) -> tuple:
     source = str(folder / "config.json")
     model_type = config.get("model_type")
     arch = architecture_of_type(model_type, source=source)
-    check_config_fields(config, model_type, source)
+    check_config_fields(config, arch.config_fields, source)
     try:
         hf_config = getattr(transformers, arch.hf_config_class).from_dict(config)
     except Exception as err:  # transformers validates some fields itself, with its own error types
@@ -138,7 +138,7 @@ def load_folder(folder: Path, device=None, dtype: torch.dtype = torch.float32,
     # A PyTorch checkpoint has no header to read shapes from: it is read once, here.
     tensors = read_state_dict(folder) if weights.name == PYTORCH_BIN else None
     shapes = {k: tuple(v.shape) for k, v in tensors.items()} if tensors is not None else weight_shapes(folder)
-    check_against_weights(hf_config, model_type, shapes, source, str(weights))
+    check_against_weights(hf_config, arch.weight_layout, shapes, source, str(weights))
     cfg = _config_from(arch, hf_config, folder)
     state = arch.to_glassbox(tensors if tensors is not None else read_state_dict(folder), cfg, source=str(weights))
     tokenizer_source = "the tokenizer= argument"

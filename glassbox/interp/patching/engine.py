@@ -44,7 +44,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ...hooks import unknown_name_message
-from ...models.hook_shapes import hook_shape
+from ...models.hook_shapes import axis_sizes, hook_shape
 from .metrics import PositionMetric, VariantMetric
 from .readout import Readout
 from .result import PatchResult
@@ -146,8 +146,7 @@ class Sweep:
     # -- planning ----------------------------------------------------------------------------
     def sizes(self, axis: str) -> int:
         cfg = self.model.cfg
-        return {"layer": cfg.n_layers, "pos": self.seq_len, "query_pos": self.seq_len,
-                "key_pos": self.seq_len, "head": cfg.n_heads}[axis]
+        return axis_sizes(cfg, self.n_prompts, self.seq_len)[axis]
 
     def labels(self, axis: str) -> list:
         if axis in ("pos", "query_pos", "key_pos"):
@@ -188,7 +187,7 @@ class Sweep:
     def run(self, clean_cache: Mapping, activation: str, axes: tuple) -> PatchResult:
         model, n_layers = self.model, self.model.cfg.n_layers
         template = resolve_template(model, activation)
-        act_axes = hook_shape(template.format(L=0)).split()[1:]  # without batch
+        act_axes = hook_shape(template.format(L=0), model.hook_flags, model.cfg).split()[1:]  # without batch
         check_axes(axes, act_axes, template)
         if not isinstance(clean_cache, Mapping):
             raise TypeError(f"clean_cache must be a mapping hook name -> tensor, got {type(clean_cache).__name__}")
@@ -258,9 +257,8 @@ class Sweep:
 
     def expected_shape(self, act_axes: list) -> tuple:
         cfg = self.model.cfg
-        dims = {"pos": self.seq_len, "query_pos": self.seq_len, "key_pos": self.seq_len, "head": cfg.n_heads,
-                "d_model": cfg.d_model, "d_head": cfg.d_head, "d_mlp": cfg.d_mlp, "d_vocab": cfg.d_vocab, "1": 1}
-        return (self.n_prompts, *(dims[a] for a in act_axes))
+        dims = axis_sizes(cfg, self.n_prompts, self.seq_len)
+        return (self.n_prompts, *(int(a) if a.isdigit() else dims[a] for a in act_axes))
 
 
 def patch_rows(mask: Tensor, clean: Tensor, n_before: int, count: int, n_prompts: int):

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from ...models import KVCache
 from ...models.kv_cache import LayerKV
-from ...models.masks import attention_mask_for, positions_for
+from ...models.masks import positions_for
 
 
 @dataclass
@@ -101,7 +101,7 @@ def run_blocks(model, base: BaseRun, resid: Tensor, start: int, stop: int, first
     span = resid.shape[1]
     key_mask = base.key_mask.repeat(n_variants, 1) if base.key_mask is not None else None
     positions = positions_for(resid[..., 0], key_mask, first)
-    attn_mask = attention_mask_for(key_mask, span, first + span, resid.device)
+    attn_masks = model.layer_masks(key_mask, span, first + span, resid.device)
     with model.hooks(fwd_hooks=hooks):
         for layer in range(start, stop):
             kv = None
@@ -110,7 +110,7 @@ def run_blocks(model, base: BaseRun, resid: Tensor, start: int, stop: int, first
                 kv = LayerKV()
                 kv.k = base.kv[layer].k[:, :first].repeat(n_variants, 1, 1, 1)
                 kv.v = base.kv[layer].v[:, :first].repeat(n_variants, 1, 1, 1)
-            resid = model.blocks[layer](resid, positions, attn_mask, kv)
+            resid = model.blocks[layer](resid, positions, attn_masks[model.cfg.layer_attn_type(layer)], kv)
     return resid
 
 

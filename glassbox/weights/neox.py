@@ -1,0 +1,3 @@
+"""Pure converters between ``transformers`` GPT-NeoX / Pythia and glassbox, both ways."""
+
+FAMILIES = []
