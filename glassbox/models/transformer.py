@@ -355,8 +355,9 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
 
     # -- entry points into the later layers --------------------------------------------------
     @classmethod
-    def from_pretrained(cls, name_or_path: str, device=None, dtype: torch.dtype = torch.float32, **kwargs):
-        """Load a hub name (gpt2, gpt2-medium, ...), a local folder, or a shipped model."""
+    def from_pretrained(cls, name_or_path: str, device=None, dtype: Union[torch.dtype, str] = torch.float32, **kwargs):
+        """Load a local folder, a shipped model, or a Hugging Face repo id (cached or fetched); ``dtype``
+        may be a name ("bfloat16") or "auto" (see ``glassbox.weights.pretrained``)."""
         from ..weights import from_pretrained
 
         return from_pretrained(name_or_path, device=device, dtype=dtype, **kwargs)
