@@ -1,16 +1,24 @@
 """Weight processing that leaves a model's predictions unchanged: pure state dict -> state dict.
 
-- ``fold_ln``: each pre-norm's weight w (and LayerNorm bias b) moves into the matrices that read
-  its output (W_Q/W_K/W_V, W_in/W_gate, W_U; b into their biases, ln_final's b into a new b_U), and
-  the norm is left with w = 1, b = 0. The norm still normalises (centering and dividing by the
-  scale), so the model computes the same function.
+- ``fold_ln``: each norm that reads the residual stream and feeds only matrices (ln1, ln2, ln_final)
+  moves its effective weight (w, or ``cfg.norm_weight_offset`` + w) and LayerNorm bias b into the
+  matrices that read its output (W_Q/W_K/W_V, W_in/W_gate, W_U; b into their biases, ln_final's b into
+  a new b_U). The norm is left with an effective weight of 1 (w = 1 - offset: w = 1, Gemma's w = 0)
+  and b = 0; it still normalises, so the model computes the same function. Grouped keys and values
+  fold per kv head. Norms that read a sublayer's output stay as they are: the sandwich post-norms
+  ln1_post/ln2_post, the output norms ln1/ln2 of norm_placement "output" (there only ln_final folds),
+  and the q/k norms (the folded W_Q/W_K give them the same input). Refused for norm_placement "post"
+  and where a LayerNorm bias has no bias in a reader to go to (qkv_bias or mlp_bias False).
 - ``center_writing_weights``: every matrix writing to the residual stream (W_E, W_pos, W_O, b_O,
   W_out, b_out) has its mean over d_model removed. Exact only because every reader is a LayerNorm,
-  which removes that mean anyway: refused for RMSNorm and post-norm models.
+  which removes that mean anyway: refused for RMSNorm, and for the placements in which the sublayers
+  write through a norm ("post", "sandwich", "output": normalized * w + b cannot be centred by weights).
 - ``center_unembed``: W_U (and b_U) get their mean over the vocabulary removed; logits move by a
-  constant per position, so log-probs are unchanged, logits are not.
-- ``fold_value_biases``: b_V moves into b_O (b_O += sum_h b_V[h] @ W_O[h]), exact because each
-  attention pattern row sums to 1.
+  constant per position, so log-probs are unchanged, logits are not. Refused with
+  output_logits_soft_cap (the tanh cap does not commute with the shift).
+- ``fold_value_biases``: b_V moves into b_O (b_O += sum_h b_V[kv(h)] @ W_O[h], each query head with
+  its kv head's bias), exact because each attention pattern row sums to 1. Refused for a model with
+  b_V but no b_O (qkv_bias without attn_out_bias: Qwen2), which has no parameter to fold into.
 - ``center_reader_weights`` (after ``fold_ln``, LayerNorm models): every matrix reading a norm's
   output (W_Q/W_K/W_V, W_in, W_gate, W_U) has its mean over d_model removed. Exact because a folded
   LayerNorm's output has zero mean over d_model; refused while any norm still has w != 1 or b != 0.
@@ -18,15 +26,20 @@
   SVDs, W_Q' = U_QK sqrt(S), W_K' = V_QK sqrt(S) (the biases ride along as an extra input row that
   is always 1, so the bilinear form of (x W_Q + b_Q) and (y W_K + b_K) is kept), W_V' = U_OV S,
   W_O' = V_OV^T (orthonormal rows), b_O += sum_h b_V[h] @ W_O[h], b_V = 0. Every attention score and
-  head output is unchanged to rounding; refused with rotary positions (scores depend on positions).
+  head output is unchanged to rounding, so a score soft cap (a function of the score) and any norm
+  after the attention see the same values. Refused with rotary positions (scores depend on
+  positions), q/k norms (they act on the factors themselves), grouped-query attention (a kv head's
+  W_K, W_V are shared by several query heads, so no one factor fits each head) and b_V without b_O.
   Singular vectors are unique only up to sign: compare products, not factors.
 
-Each function takes (state_dict, cfg) and returns a new dict (inputs untouched), computing in
-float64 and casting back. A tied unembedding is untied first (the result has ``unembed.W_U_T``):
-folding or centering must not change W_U through W_E. ``config_for`` gives the Config matching a
-processed state dict. Applying a function twice is idempotent (to rounding); ``process`` records
-the steps on ``model.processing`` and skips steps already recorded, so analysis code can tell, e.g.,
-that norm weights are 1 because they were folded.
+Every refusal is a ValueError naming the step and the Config option that prevents it; the input
+is never changed. Each function takes (state_dict, cfg) and returns a new dict (inputs untouched),
+computing in float64 and casting back. A tied unembedding is untied first (the result has
+``unembed.W_U_T``): folding or centering must not change W_U through W_E. ``config_for`` gives the
+Config matching a processed state dict (no step changes any other field: fold_ln keeps
+norm_weight_offset and writes w = 1 - offset). Applying a function twice is idempotent (to
+rounding); ``process`` records the steps on ``model.processing`` and skips steps already recorded,
+so analysis code can tell, e.g., that norm weights are 1 because they were folded.
 """
 
 from typing import Callable, Mapping
@@ -49,10 +62,10 @@ def _untied(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
     return sd
 
 
-def _require_pre_norm(cfg: Config, step: str) -> None:
-    if cfg.norm_placement != "pre":
-        raise ValueError(f"{step} needs a pre-norm model; norm_placement={cfg.norm_placement!r} normalises "
-                         "after the residual add, so there is no norm in front of each reader to fold or rely on")
+def _refuse_post_norm(cfg: Config, step: str) -> None:
+    if cfg.norm_placement == "post":
+        raise ValueError(f"{step} needs a pre-norm model; norm_placement='post' normalises after the residual "
+                         "add, so there is no norm in front of each reader to fold or rely on")
 
 
 def _apply(t: Tensor, fn: Callable, *others: Tensor) -> Tensor:
@@ -61,13 +74,16 @@ def _apply(t: Tensor, fn: Callable, *others: Tensor) -> Tensor:
 
 
 def _readers(cfg: Config, sd: Mapping[str, Tensor]) -> list:
-    """(norm, [matrices reading its output]) for every pre-norm of the model."""
+    """(norm, [matrices reading its output]) for every norm that reads the residual stream and feeds
+    matrices only: ln1 and ln2 (not with norm_placement "output", whose ln1/ln2 read the sublayers'
+    outputs), and ln_final. In a GPT-J parallel block ln1 feeds the attention and the MLP; with
+    parallel_ln2 (GPT-NeoX) ln2 feeds the MLP."""
     pairs = []
-    for L in range(cfg.n_layers):
+    for L in range(cfg.n_layers if cfg.norm_placement != "output" else 0):
         p = f"blocks.{L}."
         attn = [p + "attn.W_Q", p + "attn.W_K", p + "attn.W_V"]
         mlp = [k for k in (p + "mlp.W_in", p + "mlp.W_gate") if k in sd]  # none in an attention-only block
-        if cfg.parallel_attn_mlp:
+        if cfg.parallel_attn_mlp and not cfg.parallel_ln2:
             pairs.append((p + "ln1", attn + mlp))
         else:
             pairs.append((p + "ln1", attn))
@@ -78,11 +94,12 @@ def _readers(cfg: Config, sd: Mapping[str, Tensor]) -> list:
 
 
 def fold_ln(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
-    """Fold every norm's w (and b) into the weights that read it; norms left at w = 1, b = 0."""
-    _require_pre_norm(cfg, "fold_ln")
+    """Fold every input norm's effective weight (and b) into the weights that read it; those norms are
+    left with offset + w = 1 and b = 0 (norms on sublayer outputs and q/k norms are kept, see above)."""
+    _refuse_post_norm(cfg, "fold_ln")
     sd = _untied(state_dict, cfg)
     for norm, readers in _readers(cfg, sd):
-        _fold_norm(sd, norm, readers)
+        _fold_norm(sd, cfg, norm, readers)
     return sd
 
 
@@ -93,7 +110,7 @@ def center_reader_weights(state_dict: Mapping[str, Tensor], cfg: Config) -> dict
     reader constant along d_model multiplies zero. With any other w or b it does not, so a norm not
     yet folded is refused by name (as are RMSNorm, which does not centre, and post-norm models).
     """
-    _require_pre_norm(cfg, "center_reader_weights")
+    _refuse_post_norm(cfg, "center_reader_weights")
     if cfg.normalization != "LN":
         raise ValueError(f"center_reader_weights relies on LayerNorm removing the mean; "
                          f"normalization={cfg.normalization!r} does not")
@@ -115,41 +132,51 @@ def _bias_key(weight_key: str) -> str:
     return "unembed.b_U" if leaf == "W_U_T" else f"{prefix}.b_{leaf[2:]}"
 
 
-def _fold_norm(sd: dict, norm: str, readers: list) -> None:
+def _fold_norm(sd: dict, cfg: Config, norm: str, readers: list) -> None:
     w, b = sd[norm + ".w"], sd.get(norm + ".b")
+    offset = float(cfg.norm_weight_offset)
+    for key in readers:
+        bias_key = _bias_key(key)
+        if b is not None and bias_key not in sd and bias_key != "unembed.b_U":
+            option = "qkv_bias" if ".attn." in key else "mlp_bias"
+            raise ValueError(f"fold_ln cannot fold {norm}.b into {key}: the model has no {bias_key} "
+                             f"(Config.{option}=False while the LayerNorms have biases)")
     for key in readers:
         W, bias_key = sd[key], _bias_key(key)
         # The d_model axis of each reader: W_Q [head d_model d_head], W_in [d_model d_mlp], W_U_T [d_vocab d_model].
         if key.endswith("W_U_T"):
-            sd[key] = _apply(W, lambda W, w: W * w, w)
+            sd[key] = _apply(W, lambda W, w: W * (offset + w), w)
             shift = None if b is None else _apply(W, lambda W, b: W @ b, b)
-        elif W.ndim == 3:
-            sd[key] = _apply(W, lambda W, w: W * w[None, :, None], w)
+        elif W.ndim == 3:  # W_Q [head ...], or W_K/W_V [kv_head ...]: the same fold per (kv) head
+            sd[key] = _apply(W, lambda W, w: W * (offset + w)[None, :, None], w)
             shift = None if b is None else _apply(W, lambda W, b: torch.einsum("d,hde->he", b, W), b)
         else:
-            sd[key] = _apply(W, lambda W, w: W * w[:, None], w)
+            sd[key] = _apply(W, lambda W, w: W * (offset + w)[:, None], w)
             shift = None if b is None else _apply(W, lambda W, b: b @ W, b)
         if shift is None:
             continue
         if bias_key in sd:
             sd[bias_key] = _apply(sd[bias_key], lambda old, s: old + s, shift)
-        elif bias_key == "unembed.b_U":
+        else:  # unembed.b_U: config_for records unembed_bias=True
             sd[bias_key] = shift
-        else:
-            raise ValueError(f"cannot fold {norm}.b into {key}: the model has no {bias_key}")
-    sd[norm + ".w"] = torch.ones_like(w)
+    sd[norm + ".w"] = torch.full_like(w, 1.0 - offset)  # offset + w = 1 (exactly so for offsets 0 and 1)
     if b is not None:
         sd[norm + ".b"] = torch.zeros_like(b)
 
 
 def center_writing_weights(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
-    """Remove the d_model mean of everything written to the residual stream (LayerNorm models only)."""
-    _require_pre_norm(cfg, "center_writing_weights")
+    """Remove the d_model mean of everything written to the residual stream (pre-LayerNorm models only)."""
+    _refuse_post_norm(cfg, "center_writing_weights")
     if cfg.normalization != "LN":
         raise ValueError(f"center_writing_weights relies on LayerNorm removing the mean; "
                          f"normalization={cfg.normalization!r} does not")
+    if cfg.norm_placement in ("sandwich", "output"):
+        norms = "ln1_post/ln2_post" if cfg.norm_placement == "sandwich" else "ln1/ln2"
+        raise ValueError(f"center_writing_weights cannot centre what norm_placement={cfg.norm_placement!r} writes to "
+                         f"the residual stream: the sublayers write through {norms}, whose output normalized * w + b "
+                         "has a mean over d_model that depends on the input, which no change of weights removes")
     sd = _untied(state_dict, cfg)
-    writers = ["embed.W_E", "pos_embed.W_pos"]
+    writers = ["embed.W_E", "pos_embed.W_pos"]  # scale_embed multiplies W_E's rows: still centred
     for L in range(cfg.n_layers):
         writers += [f"blocks.{L}.attn.W_O", f"blocks.{L}.attn.b_O", f"blocks.{L}.mlp.W_out", f"blocks.{L}.mlp.b_out"]
     for key in writers:
@@ -160,6 +187,10 @@ def center_writing_weights(state_dict: Mapping[str, Tensor], cfg: Config) -> dic
 
 def center_unembed(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
     """Remove W_U's (and b_U's) mean over the vocabulary: logits shift by a constant per position."""
+    if cfg.output_logits_soft_cap is not None:
+        raise ValueError(f"center_unembed is not exact with output_logits_soft_cap={cfg.output_logits_soft_cap}: "
+                         "cap * tanh(logits / cap) of logits shifted by a constant is not the capped logits "
+                         "shifted by a constant, so the log-probs would change")
     sd = _untied(state_dict, cfg)
     sd["unembed.W_U_T"] = _apply(sd["unembed.W_U_T"], lambda t: t - t.mean(0, keepdim=True))
     if "unembed.b_U" in sd:
@@ -167,15 +198,24 @@ def center_unembed(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
     return sd
 
 
+def _refuse_b_V_without_b_O(sd: Mapping[str, Tensor], cfg: Config, step: str) -> None:
+    if any(f"blocks.{L}.attn.b_V" in sd and f"blocks.{L}.attn.b_O" not in sd for L in range(cfg.n_layers)):
+        raise ValueError(f"{step} folds b_V into b_O, but the model has no b_O (Config.qkv_bias=True with "
+                         "attn_out_bias=False): there is no parameter to fold the value biases into")
+
+
 def fold_value_biases(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
-    """Move b_V into b_O; a model without biases is returned unchanged (there is nothing to fold)."""
+    """Move b_V into b_O; a model without b_V is returned unchanged (there is nothing to fold)."""
+    _refuse_b_V_without_b_O(state_dict, cfg, "fold_value_biases")
     sd = dict(state_dict)
     for L in range(cfg.n_layers):
         a = f"blocks.{L}.attn."
         if a + "b_V" not in sd:
             continue
-        b_V = sd[a + "b_V"]
-        sd[a + "b_O"] = _apply(sd[a + "b_O"], lambda b_O, b_V, W_O: b_O + torch.einsum("he,hed->d", b_V, W_O),
+        b_V = sd[a + "b_V"]  # [kv_head d_head]: query head h reads kv head h // n_kv_groups
+        per_head = lambda b_V: b_V.repeat_interleave(cfg.n_kv_groups, dim=0)  # noqa: E731
+        sd[a + "b_O"] = _apply(sd[a + "b_O"],
+                               lambda b_O, b_V, W_O: b_O + torch.einsum("he,hed->d", per_head(b_V), W_O),
                                b_V, sd[a + "W_O"])
         sd[a + "b_V"] = torch.zeros_like(b_V)
     return sd
@@ -207,11 +247,24 @@ def refactor_factored_attn_matrices(state_dict: Mapping[str, Tensor], cfg: Confi
 
     Keeps every attention score and head output (to rounding); see the module docstring for the
     factors chosen. b_V is folded into b_O first, as ``fold_value_biases`` does. Refused with rotary
-    positions, where the score is not a fixed bilinear form of the residual streams.
+    positions, where the score is not a fixed bilinear form of the residual streams; with q/k norms,
+    which normalise (and weight per coordinate) the factors' outputs, so new factors change them; with
+    grouped-query attention, where one kv head's W_K and W_V serve several query heads; and for b_V
+    without b_O.
     """
+    step = "refactor_factored_attn_matrices"
     if cfg.positional == "rotary":
-        raise ValueError("refactor_factored_attn_matrices is not exact with positional='rotary': the query-key "
+        raise ValueError(f"{step} is not exact with positional='rotary': the query-key "
                          "score then depends on the positions of query and key, not on W_Q W_K^T alone")
+    if cfg.qk_norm is not None:
+        raise ValueError(f"{step} is not exact with qk_norm={cfg.qk_norm!r}: the q/k RMSNorms act on x @ W_Q + b_Q "
+                         "and x @ W_K + b_K themselves (a mean square and a weight per coordinate), so "
+                         "refactored factors with the same product W_Q W_K^T give other scores")
+    if cfg.n_key_value_heads != cfg.n_heads:
+        raise ValueError(f"{step} refactors each head's W_Q W_K^T and W_V W_O, but with n_key_value_heads="
+                         f"{cfg.n_key_value_heads} < n_heads={cfg.n_heads} each kv head's W_K and W_V are shared by "
+                         f"{cfg.n_kv_groups} query heads: no single refactored W_K, W_V fits all of them")
+    _refuse_b_V_without_b_O(state_dict, cfg, step)
     sd = fold_value_biases(state_dict, cfg)
     for L in range(cfg.n_layers):
         a = f"blocks.{L}.attn."
@@ -237,7 +290,8 @@ FUNCTIONS = {"fold_ln": fold_ln, "center_reader_weights": center_reader_weights,
 
 
 def config_for(state_dict: Mapping[str, Tensor], cfg: Config) -> Config:
-    """The Config of a processed state dict: untied when it has W_U_T, with b_U when it has one."""
+    """The Config of a processed state dict: untied when it has W_U_T, with b_U when it has one.
+    Nothing else changes (fold_ln keeps norm_weight_offset: its folded norms hold w = 1 - offset)."""
     return cfg.replace(tied_unembed="unembed.W_U_T" not in state_dict, unembed_bias="unembed.b_U" in state_dict)
 
 
