@@ -10,7 +10,9 @@ and shared by all layers of one model with the same rotation (``components.share
 they are neither parameters nor buffers, so they are not in the state dict and cost nothing at
 construction. A local layer uses ``cfg.rotary_base_local`` without rope scaling when that is set
 (Gemma 3); every other layer uses ``rotary_base`` and ``cfg.rope_scaling``. With grouped-query
-attention ``hook_rot_k`` has the kv-head axis of ``hook_k``.
+attention ``hook_rot_k`` has the kv-head axis of ``hook_k``. With the "dynamic" rope type the
+frequencies follow the longest position of each forward (the table's state, as transformers'),
+and keys already in the cache keep the rotation they were stored with.
 
 Footgun: position ids must be below ``past + pos`` (the model's positions always are); the table is
 grown to that length, not to n_ctx. The model checks lengths against n_ctx before this.
@@ -42,7 +44,8 @@ class RotaryAttention(Attention):
                positions: Optional[Int[Tensor, "batch pos"]], past: int = 0) -> tuple:
         if positions is None:
             raise ValueError("rotary attention needs the position of every token (positions=None given)")
-        cos, sin = self.rotary.tables(past + positions.shape[1], q.device, q.dtype)
+        # The dynamic rope type reads the sequence length off the positions (a device sync).
+        cos, sin = self.rotary.tables(past + positions.shape[1], q.device, q.dtype, positions)
         # [batch pos 1 rotary_dim/2]: one angle per pair, shared by all heads.
         cos, sin = cos[positions][:, :, None], sin[positions][:, :, None]
         return self.hook_rot_q(self.rotation(q, cos, sin)), self.hook_rot_k(self.rotation(k, cos, sin))
