@@ -9,8 +9,8 @@ no final norm); parallel_attn_mlp (GPT-J: attention and MLP both read ln1 of the
 attn_only (blocks with attention only, as TransformerLens's attn_only: resid_post = resid_pre + attn_out,
 no ln2, no MLP, no hook_resid_mid; pre-norm only; d_mlp, act_fn and gated_mlp are then unused);
 positional "learned" | "sinusoidal" | "rotary" (rotary_dim leading dims of each head rotated, pairs
-(2i, 2i+1) with rotary_style "interleaved", (i, i + rotary_dim/2) with "half"); gated_mlp (SwiGLU
-with act_fn "silu"); use_bias for every linear map and norm; tied_unembed; init_scheme "gpt2" |
+(2i, 2i+1) with rotary_style "interleaved", (i, i + rotary_dim/2) with "half"); act_fn, any name of
+``activations.py`` (transformers' names); gated_mlp (SwiGLU with act_fn "silu", GeGLU with "gelu_new"); use_bias for every linear map and norm; tied_unembed; init_scheme "gpt2" |
 "truncated_normal". Named combinations live in ``presets.py``.
 
 The options of today's model families (each defaults to GPT-2's behaviour):
@@ -47,7 +47,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-ACT_FNS = ("gelu_new", "gelu", "relu", "silu")
+from .activations import ACTIVATIONS
+
+ACT_FNS = tuple(ACTIVATIONS)
 NORMALIZATIONS = ("LN", "RMS")
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "output")
 QK_NORMS = (None, "head", "full")

@@ -4,21 +4,13 @@
 """
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
 from ..hooks import HookPoint
+from .activations import ACTIVATIONS, gelu_new  # noqa: F401 (gelu_new: its old home)
 from .config import Config
 from .ops import linear
-
-
-def gelu_new(x: Tensor) -> Tensor:
-    """GPT-2's tanh approximation of GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    return F.gelu(x, approximate="tanh")
-
-
-ACTIVATIONS = {"gelu_new": gelu_new, "gelu": F.gelu, "relu": F.relu, "silu": F.silu}
 
 
 class MLP(nn.Module):

@@ -13,24 +13,34 @@ import torch
 from torch import Tensor
 
 from ..models import Config, HookedTransformer
+from ..models.activations import ACTIVATIONS, PARAMETRISED_ACTIVATIONS
 from .checks import CONFIG_FIELDS, WEIGHT_LAYOUT
-from .family import Architecture
+from .family import Architecture, options_beyond
 
-SUPPORTED_ACTIVATIONS = ("gelu_new", "gelu", "relu", "silu")
+SUPPORTED_ACTIVATIONS = tuple(ACTIVATIONS)
+# The GPT-2 options beyond GPT-2 small's that glassbox maps (the Stanford GPT-2 family sets the first).
+GPT2_OPTIONS = ("scale_attn_by_inverse_layer_idx", "attn_scale", "upcast_attn")
 
 
 def config_from_hf(hf_config) -> Config:
-    """A glassbox Config from a ``transformers.GPT2Config`` (refusing options we do not compute)."""
+    """A glassbox Config from a ``transformers.GPT2Config`` (refusing options we do not compute).
+
+    scale_attn_weights=False -> attn_scale=1.0 (raw q.k scores); scale_attn_by_inverse_layer_idx ->
+    layer L's scores also / (L + 1); reorder_and_upcast_attn -> upcast_attn (scores and softmax in
+    float32 for half-precision models; the same numbers as the plain path in float32 and float64).
+    """
     if getattr(hf_config, "model_type", "gpt2") != "gpt2":
         raise ValueError(f"expected a GPT-2 config, got model_type={hf_config.model_type!r}")
-    if not getattr(hf_config, "scale_attn_weights", True):
-        raise ValueError("GPT-2 configs with scale_attn_weights=False are not supported")
-    if getattr(hf_config, "scale_attn_by_inverse_layer_idx", False):
-        raise ValueError("GPT-2 configs with scale_attn_by_inverse_layer_idx=True are not supported")
     act = hf_config.activation_function
+    if act in PARAMETRISED_ACTIVATIONS:
+        raise ValueError(f"GPT-2 activation_function {act!r} has learned parameters of its own, which glassbox's "
+                         "MLP does not hold")
     if act not in SUPPORTED_ACTIVATIONS:
         raise ValueError(f"GPT-2 activation_function {act!r} is not one of {SUPPORTED_ACTIVATIONS}")
     return Config(
+        attn_scale=None if getattr(hf_config, "scale_attn_weights", True) else 1.0,
+        scale_attn_by_inverse_layer_idx=bool(getattr(hf_config, "scale_attn_by_inverse_layer_idx", False)),
+        upcast_attn=bool(getattr(hf_config, "reorder_and_upcast_attn", False)),
         d_model=hf_config.n_embd,
         n_layers=hf_config.n_layer,
         n_heads=hf_config.n_head,
@@ -57,7 +67,17 @@ def config_to_hf(cfg: Config):
     if not gpt2_like:
         raise ValueError("only GPT-2-architecture configs (pre-LN, learned positions, biases, no gate) "
                          "export to transformers.GPT2")
+    beyond = options_beyond(cfg, allowed=GPT2_OPTIONS)
+    if cfg.attn_scale not in (None, 1.0):
+        beyond["attn_scale"] = cfg.attn_scale
+    if beyond:
+        raise ValueError(f"GPT-2 cannot represent {beyond} (it has scale_attn_weights, "
+                         "scale_attn_by_inverse_layer_idx and reorder_and_upcast_attn only)")
+    if cfg.act_fn in PARAMETRISED_ACTIVATIONS:
+        raise ValueError(f"activation {cfg.act_fn!r} is not computed by glassbox")
     return GPT2Config(
+        scale_attn_weights=cfg.attn_scale is None, scale_attn_by_inverse_layer_idx=cfg.scale_attn_by_inverse_layer_idx,
+        reorder_and_upcast_attn=cfg.upcast_attn,
         n_embd=cfg.d_model, n_layer=cfg.n_layers, n_head=cfg.n_heads, vocab_size=cfg.d_vocab,
         n_positions=cfg.n_ctx, n_inner=cfg.d_mlp, activation_function=cfg.act_fn,
         layer_norm_epsilon=cfg.layer_norm_eps, initializer_range=cfg.init_range,

@@ -15,9 +15,10 @@ import torch
 from torch import Tensor
 
 from ..models import Config
+from ..models.activations import ACTIVATIONS
 from .gpt2 import check_shapes, expected_shapes
 from .checks import CONFIG_FIELDS, WEIGHT_LAYOUT
-from .family import Architecture
+from .family import Architecture, options_beyond
 
 GPTJ_OPTIONS = dict(normalization="LN", norm_placement="pre", parallel_attn_mlp=True, positional="rotary",
                     rotary_style="interleaved", rotary_base=10000.0, gated_mlp=False, use_bias=True,
@@ -30,8 +31,9 @@ def config_from_gptj(hf_config) -> Config:
     if getattr(hf_config, "model_type", None) != "gptj":
         raise ValueError(f"expected a GPT-J config, got model_type={getattr(hf_config, 'model_type', None)!r}")
     act = hf_config.activation_function
-    if act not in ("gelu_new", "gelu", "relu", "silu"):
-        raise ValueError(f"GPT-J activation_function {act!r} is not supported")
+    if act not in ACTIVATIONS:
+        raise ValueError(f"GPT-J activation_function {act!r} is not supported (glassbox computes "
+                         f"{', '.join(ACTIVATIONS)})")
     d_head = hf_config.n_embd // hf_config.n_head
     return Config(
         d_model=hf_config.n_embd, n_layers=hf_config.n_layer, n_heads=hf_config.n_head,
@@ -47,6 +49,7 @@ def config_to_gptj(cfg: Config):
     from transformers import GPTJConfig
 
     wrong = {k: getattr(cfg, k) for k, v in GPTJ_OPTIONS.items() if getattr(cfg, k) != v}
+    wrong.update(options_beyond(cfg))
     if cfg.d_head * cfg.n_heads != cfg.d_model:
         wrong["d_head"] = cfg.d_head
     if wrong:
