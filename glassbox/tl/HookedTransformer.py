@@ -144,7 +144,7 @@ class HookedTransformer(_GlassboxTransformer):
             raise ValueError(f"from_pretrained(n_devices={n_devices}) is not supported: glassbox puts a model on one device")
         if from_pretrained_kwargs:
             raise TypeError(f"from_pretrained got options glassbox does not support: {', '.join(from_pretrained_kwargs)}")
-        dtype = as_dtype(dtype)
+        dtype = "auto" if isinstance(dtype, str) and dtype == "auto" else as_dtype(dtype)  # "auto": glassbox's loader
         where = (device if device is not None else default_device()) if move_to_device else "cpu"
         if hf_model is not None:
             base = from_hf(hf_model, tokenizer=tokenizer, device=where, dtype=dtype)

@@ -1,14 +1,15 @@
 """TransformerLens's ``loading_from_pretrained``: the model names glassbox can load, and their aliases.
 
 ``OFFICIAL_MODEL_NAMES`` lists what ``HookedTransformer.from_pretrained`` loads by name: the GPT-2 hub
-models and the models shipped inside glassbox (a local Hugging Face folder of a GPT-2, Llama or GPT-J
-works too, by path). TransformerLens's 200 other named models are out of scope: their names are
-refused with the list of those that work.
+models and the models shipped inside glassbox. A local Hugging Face folder of an architecture glassbox
+converts works too, by path, and so does a Hugging Face repo id: "org/name" always (fetched when not
+cached), a bare name when it is in the local Hugging Face cache. TransformerLens's other short names
+("pythia-70m") are not aliases here: they are refused with the list of names that work.
 """
 
 from typing import Dict, List
 
-from ..weights.pretrained import HUB_MODELS, shipped_models
+from ..weights.pretrained import HUB_MODELS, is_hub_repo_id, shipped_models
 
 OFFICIAL_MODEL_NAMES: List[str] = list(HUB_MODELS) + shipped_models()
 
@@ -34,8 +35,11 @@ def get_official_model_name(model_name: str) -> str:
     for official, aliases in MODEL_ALIASES.items():
         if lowered == official.lower() or lowered in (a.lower() for a in aliases):
             return official
+    if is_hub_repo_id(str(model_name)):
+        return str(model_name)
     raise ValueError(f"{model_name!r} is not a model glassbox can load by name; the names are "
-                     f"{', '.join(OFFICIAL_MODEL_NAMES)} (and their aliases), or pass a local Hugging Face folder")
+                     f"{', '.join(OFFICIAL_MODEL_NAMES)} (and their aliases), or pass a local Hugging Face folder "
+                     "or a Hugging Face repo id ('org/name')")
 
 
 def get_pretrained_model_config(model_name: str, hf_cfg=None, checkpoint_index=None, checkpoint_value=None,

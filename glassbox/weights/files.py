@@ -14,7 +14,9 @@ sorts last. ``weight_shapes`` reads only headers, so a config can be compared wi
 before anything large is built."""
 
 import json
+import math
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -62,6 +64,61 @@ def weight_shapes(folder: Path) -> dict:
             shapes.update(found)
         return shapes
     return {name: tuple(t.shape) for name, t in read_state_dict(folder).items()}
+
+
+# safetensors' names of the floating dtypes glassbox computes in (others, such as F8_E4M3, are refused).
+SAFETENSORS_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+
+
+def stored_dtype(folder: Path, tensors: Optional[dict] = None) -> Optional[torch.dtype]:
+    """The floating dtype that most of a folder's weights (counted in elements) are stored in, from the
+    safetensors headers alone (or from ``tensors``, a PyTorch checkpoint already read); None when no
+    tensor is floating-point. A floating dtype glassbox does not compute in (float8) is a ValueError
+    naming the file."""
+    folder = Path(folder)
+    counts, where = {}, {}
+    if tensors is not None:
+        items = [(str(weights_file(folder)), str(t.dtype).replace("torch.", ""), t.dtype if t.is_floating_point()
+                  else None, t.numel()) for t in tensors.values()]
+    else:
+        items = []
+        for path, header in _headers(folder):
+            for dtype, shape in header.values():
+                torch_dtype = SAFETENSORS_DTYPES.get(dtype, dtype if dtype.startswith(("F", "BF")) else None)
+                items.append((str(path), dtype, torch_dtype, math.prod(shape)))
+    for path, name, dtype, numel in items:
+        if dtype is not None:
+            counts[dtype] = counts.get(dtype, 0) + numel
+            where.setdefault(dtype, (path, name))
+    if not counts:
+        return None
+    most = max(counts, key=lambda d: (counts[d], str(d)))
+    if most not in SAFETENSORS_DTYPES.values():
+        path, name = where[most]
+        raise ValueError(f"{path} stores its weights in {name}, a dtype glassbox does not compute in; pass "
+                         "dtype=torch.float32, torch.bfloat16 or torch.float16 to convert them")
+    return most
+
+
+def _headers(folder: Path) -> list:
+    """[(safetensors file, {tensor: (dtype name, shape)})] of a folder's weights, headers only."""
+    from safetensors import safe_open
+
+    if (folder / SAFETENSORS).is_file():
+        paths = [folder / SAFETENSORS]
+    elif (folder / SAFETENSORS_INDEX).is_file():
+        paths = [folder / shard for shard in sorted(set(read_index(folder).values()))]
+    else:
+        raise FileNotFoundError(f"no safetensors weights in {folder}")
+    headers = []
+    for path in paths:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                headers.append((path, {name: (f.get_slice(name).get_dtype(), tuple(f.get_slice(name).get_shape()))
+                                       for name in f.keys()}))
+        except Exception as err:  # safetensors raises its own error types for truncated/corrupt headers
+            raise ValueError(f"could not read weights file {path}: {err}{_safetensors_diagnosis(path)}") from err
+    return headers
 
 
 def read_index(folder: Path) -> dict:

@@ -1,9 +1,19 @@
-"""Building glassbox models from Hugging Face GPT-2 weights, and exporting them back.
+"""Building glassbox models from Hugging Face folders and repo ids, and exporting them back.
 
-Names resolve in this order: a local folder; a model shipped inside the package; a hub name
-(gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2) fetched or found in the local Hugging Face
-cache by ``huggingface_hub`` (so ``HF_HUB_OFFLINE=1`` with a filled cache works). No weight
-processing happens on load unless asked for (see ``processing.py``): our logits equal the HF model's.
+Names resolve in this order: a local folder; a model shipped inside the package; a Hugging Face repo
+id ("org/name" or a bare name such as "gpt2"), found in the local Hugging Face cache or fetched from
+the hub by ``huggingface_hub``. The cache folder and offline mode are read from the environment at
+each call (``HF_HUB_CACHE``, then ``HUGGINGFACE_HUB_CACHE``, ``HF_HOME``/hub, ``XDG_CACHE_HOME``; and
+``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``), not only when ``huggingface_hub`` was imported, so
+``HF_HUB_OFFLINE=1`` with a filled cache never touches the network. A repo id neither cached nor
+fetchable is an error naming it and the cache folder searched. The architecture comes from
+config.json's ``model_type``, else from the model class in its ``architectures``; one glassbox cannot
+build is refused naming both. No weight processing happens on load unless asked for (see
+``processing.py``): our logits equal the HF model's.
+
+``dtype`` is a floating torch dtype, its name ("float32", "float16", "bfloat16", "float64"), or
+"auto": config.json's ``dtype`` (transformers 5) or ``torch_dtype`` (older), else the dtype most of
+the weights are stored in, else float32.
 
 A folder is checked before the model is built: config.json's fields (``checks.py``), then the
 config against the weights' header (layer count, embedding sizes), then every tensor's shape. A
@@ -13,21 +23,23 @@ interrupted ``save_pretrained`` left renamed aside is put back first (``export.r
 Exporting (``to_hf``, ``save_pretrained``) lives in ``export.py``.
 """
 
+import os
 from pathlib import Path
 from typing import Optional, Union
 
 import torch
 
 from ..models import Config, HookedTransformer
-from .architectures import architecture_of_type
+from .architectures import ARCHITECTURES, architecture_of_type
 from .checks import check_against_weights, check_config_fields
 from .export import recover, save_pretrained, to_hf
-from .files import PYTORCH_BIN, read_config, read_state_dict, weight_shapes, weights_file
+from .files import PYTORCH_BIN, read_config, read_state_dict, stored_dtype, weight_shapes, weights_file
 from .gpt2 import config_from_hf
 from .processing import ALL_STEPS, process
 
-__all__ = ["DEFAULT_MODEL", "HUB_MODELS", "config_of", "from_hf", "from_pretrained", "hub_config", "load_folder",
-           "resolve", "save_pretrained", "shipped_models", "to_hf"]
+__all__ = ["DEFAULT_MODEL", "HUB_MODELS", "ModelNotFoundError", "as_dtype", "config_of", "from_hf", "from_pretrained",
+           "hub_cache_dir", "hub_config", "is_hub_repo_id", "load_folder", "resolve", "save_pretrained",
+           "shipped_models", "to_hf"]
 
 # Hub names -> (n_layer, n_embd, n_head); vocabulary 50257 and context 1024 for all of them.
 HUB_MODELS = {
@@ -38,7 +50,8 @@ HUB_MODELS = {
     "distilgpt2": (6, 768, 12),
 }
 HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "vocab.json", "merges.txt",
-             "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+             "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+             "added_tokens.json"]
 # The model every command uses unless told otherwise: trained by glassbox, shipped in the package.
 DEFAULT_MODEL = "glassbox-austen"
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
@@ -59,50 +72,173 @@ def shipped_models() -> list:
     return sorted(p.name for p in SHIPPED_DIR.iterdir() if p.is_dir()) if SHIPPED_DIR.is_dir() else []
 
 
-def resolve(name_or_path: Union[str, Path]) -> Path:
-    """The local folder holding a model's config.json and weights."""
+class ModelNotFoundError(OSError, ValueError):
+    """A name that is no folder, no shipped model, and a repo id neither in the local Hugging Face
+    cache nor fetchable from the hub (its ``__cause__`` is huggingface_hub's own error)."""
+
+
+def resolve(name_or_path: Union[str, Path], files=None) -> Path:
+    """The local folder holding a model's config.json and weights: a folder, a shipped model, or the
+    snapshot of a Hugging Face repo id (cached, else fetched: ``files`` are the file patterns fetched,
+    by default the config, weights and tokenizer)."""
     path = Path(name_or_path).expanduser()
     if path.is_dir() or (not path.exists() and recover(path)):
         return path
     name = str(name_or_path)
     if (SHIPPED_DIR / name).is_dir():
         return SHIPPED_DIR / name
-    if name in HUB_MODELS:
-        from huggingface_hub import snapshot_download
-
-        try:
-            return Path(snapshot_download(name, allow_patterns=HUB_FILES))
-        except Exception as err:
-            raise OSError(
-                f"could not fetch {name!r} from the Hugging Face hub or find it in the local cache "
-                f"({type(err).__name__}: {err}). Download it once with network access, or pass a local folder."
-            ) from err
+    if path.exists():
+        raise ValueError(f"{name!r} is a file, not a model folder (a folder holds config.json and the weights)")
+    if _is_repo_id(name):
+        return hub_snapshot(name, HUB_FILES if files is None else files)
     raise ValueError(f"{name!r} is neither a folder, a shipped model ({', '.join(shipped_models()) or 'none'}) "
-                     f"nor a known hub name ({', '.join(HUB_MODELS)})")
+                     "nor a Hugging Face repo id ('org/name' or a bare name such as gpt2)")
 
 
-def from_pretrained(name_or_path, device=None, dtype: torch.dtype = torch.float32, tokenizer=None,
+def _is_repo_id(name: str) -> bool:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return not name.startswith(("/", "~")) and not name.endswith(".")
+
+
+def is_hub_repo_id(name: str) -> bool:
+    """Whether ``name`` names a Hugging Face repo without asking the hub: an "org/name" repo id, or a
+    bare one whose snapshot is in the local cache."""
+    if not _is_repo_id(name):
+        return False
+    return "/" in name or (hub_cache_dir() / ("models--" + name) / "snapshots").is_dir()
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache, from the environment as it is now (``huggingface_hub`` reads it
+    once, at import): ``HF_HUB_CACHE``, ``HUGGINGFACE_HUB_CACHE``, ``HF_HOME``/hub,
+    ``XDG_CACHE_HOME``/huggingface/hub, else huggingface_hub's own setting."""
+    import huggingface_hub.constants as hub
+
+    def expand(value: str) -> Path:
+        return Path(os.path.expandvars(os.path.expanduser(value)))
+
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return expand(os.environ[var])
+    if os.environ.get("HF_HOME"):
+        return expand(os.environ["HF_HOME"]) / "hub"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return expand(os.environ["XDG_CACHE_HOME"]) / "huggingface" / "hub"
+    return Path(hub.HF_HUB_CACHE)
+
+
+def hub_offline() -> bool:
+    """``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` set now, or when huggingface_hub was imported."""
+    import huggingface_hub.constants as hub
+
+    now = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return now.strip().upper() in ("1", "ON", "YES", "TRUE") or bool(hub.HF_HUB_OFFLINE)
+
+
+def hub_snapshot(repo_id: str, files) -> Path:
+    """The snapshot folder of ``repo_id`` in the hub cache: the cached one when offline (or when the
+    hub cannot be reached), else fetched. ModelNotFoundError naming the repo id and the cache folder
+    otherwise. A repo with no safetensors gets its pytorch_model.bin."""
+    from huggingface_hub import snapshot_download
+
+    cache, offline = hub_cache_dir(), hub_offline()
+    try:
+        folder = Path(snapshot_download(repo_id, allow_patterns=list(files), cache_dir=str(cache),
+                                        local_files_only=offline))
+        if not offline and "*.safetensors" in files and not any(folder.glob("*.safetensors")):
+            folder = Path(snapshot_download(repo_id, allow_patterns=list(files) + [PYTORCH_BIN],
+                                            cache_dir=str(cache)))
+    except Exception as err:  # huggingface_hub raises many types: offline, unreachable, no such repo, gated
+        raise ModelNotFoundError(_not_found(repo_id, cache, offline, err)) from err
+    return folder
+
+
+def _not_found(repo_id: str, cache: Path, offline: bool, err: Exception) -> str:
+    kinds = {cls.__name__ for cls in type(err).__mro__}
+    first = (str(err).strip().splitlines() or [""])[0][:300]
+    if offline:
+        why = "HF_HUB_OFFLINE is set, so the hub was not asked"
+    elif "GatedRepoError" in kinds:
+        why = f"the hub says the repo is gated: accept its terms and log in (hf auth login) ({first})"
+    elif "RepositoryNotFoundError" in kinds:
+        why = f"the hub has no such repo, or it is private and you are not logged in ({first})"
+    elif "LocalEntryNotFoundError" in kinds:
+        why = f"the hub could not be reached ({first})"
+    else:
+        why = f"{type(err).__name__}: {first}"
+    folder = cache / ("models--" + repo_id.replace("/", "--"))
+    return (f"{repo_id!r} is neither a folder, a shipped model ({', '.join(shipped_models()) or 'none'}) nor a "
+            f"repo id in the local Hugging Face cache (searched {folder}, in the cache {cache}), and glassbox "
+            f"could not fetch {repo_id!r} from the Hugging Face hub: {why}. Download it once with network "
+            "access, set HF_HUB_CACHE to the cache that holds it, or pass a local folder")
+
+
+DTYPE_NAMES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
+               "bfloat16": torch.bfloat16, "float64": torch.float64, "double": torch.float64}
+
+
+def as_dtype(dtype, argument: str = "dtype") -> Optional[torch.dtype]:
+    """A floating torch dtype from a dtype or its name ("float16", "torch.bfloat16", ...); None for
+    None and "auto". Anything else is a ValueError naming ``argument``."""
+    if dtype is None or dtype == "auto":
+        return None
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPE_NAMES:
+        return DTYPE_NAMES[dtype.removeprefix("torch.")]
+    if isinstance(dtype, torch.dtype) and dtype in DTYPE_NAMES.values():
+        return dtype
+    raise ValueError(f"{argument}={dtype!r} is not a dtype glassbox computes in; give torch.float32, torch.float16, "
+                     "torch.bfloat16, torch.float64, one of their names, or 'auto'")
+
+
+def auto_dtype(config: dict, folder: Path, tensors: Optional[dict] = None) -> torch.dtype:
+    """``dtype="auto"``: config.json's ``dtype`` (transformers 5) or ``torch_dtype`` (older), else the
+    dtype most of the weights are stored in, else float32."""
+    for key in ("dtype", "torch_dtype"):
+        value = config.get(key)
+        if value is not None and value != "auto":
+            return as_dtype(value, argument=f"{folder / 'config.json'}: {key}")
+    return stored_dtype(folder, tensors) or torch.float32
+
+
+def from_pretrained(name_or_path, device=None, dtype: Union[torch.dtype, str] = torch.float32, tokenizer=None,
                     **kwargs) -> HookedTransformer:
-    """Load a model; weight processing (``fold_ln``, ``center_reader_weights``, ``center_writing_weights``,
-    ``center_unembed``, ``fold_value_biases``, ``refactor_factored_attn_matrices``, all False by default)
-    is opt-in and recorded on ``model.processing``."""
-    folder = resolve(name_or_path)
+    """Load a folder, a shipped model or a Hugging Face repo id (see the module docstring; ``dtype`` may
+    be "auto"); weight processing (``fold_ln``, ``center_reader_weights``, ``center_writing_weights``,
+    ``center_unembed``, ``fold_value_biases``, ``refactor_factored_attn_matrices``, all False by
+    default) is opt-in and recorded on ``model.processing``."""
     steps = {step: bool(kwargs.pop(step)) for step in ALL_STEPS if step in kwargs}
     if kwargs:
         raise TypeError(f"unexpected options for from_pretrained: {', '.join(kwargs)}; weight processing "
                         f"options are {', '.join(ALL_STEPS)}")
-    model = load_folder(folder, device=device, dtype=dtype, tokenizer=tokenizer)
+    as_dtype(dtype)  # a bad dtype is refused before anything is fetched
+    folder = resolve(name_or_path)
+    model = load_folder(folder, device=device, dtype=dtype, tokenizer=tokenizer, model_name=_model_name(name_or_path))
     return process(model, **steps) if any(steps.values()) else model
+
+
+def _model_name(name_or_path) -> Optional[str]:
+    """The name a model loaded by repo id gets (its folder is a snapshot named by a commit hash)."""
+    path = Path(name_or_path).expanduser()
+    name = str(name_or_path)
+    if path.is_dir() or (SHIPPED_DIR / name).is_dir():
+        return None
+    return name
 
 
 def config_of(name_or_path) -> Config:
     """The Config of a model ``from_pretrained`` can load, without reading (or downloading) its weights:
-    a hub name's from its sizes, a folder's (or shipped model's) from its config.json."""
+    a GPT-2 hub name's from its sizes, anything else's from its config.json (a repo id's fetched alone
+    when it is not cached)."""
     if str(name_or_path) in HUB_MODELS and not Path(str(name_or_path)).expanduser().is_dir():
         return hub_config(str(name_or_path)).replace(model_name=str(name_or_path))
-    folder = resolve(name_or_path)
+    folder = resolve(name_or_path, files=["config.json"])
     hf_config, model_type, arch = _folder_config(folder)
-    return _config_from(arch, hf_config, folder)
+    return _config_from(arch, hf_config, folder, _model_name(name_or_path))
 
 
 def _folder_config(folder: Path) -> tuple:
@@ -112,8 +248,10 @@ def _folder_config(folder: Path) -> tuple:
     config = read_config(folder)
     source = str(folder / "config.json")
     model_type = config.get("model_type")
-    arch = architecture_of_type(model_type, source=source)
+    arch = _architecture(config, source)
     check_config_fields(config, arch.config_fields, source)
+    if model_type != arch.model_type:  # picked by its model class: a config with no (or another) model_type
+        config = {**config, "model_type": arch.model_type}
     try:
         hf_config = getattr(transformers, arch.hf_config_class).from_dict(config)
     except Exception as err:  # transformers validates some fields itself, with its own error types
@@ -121,25 +259,45 @@ def _folder_config(folder: Path) -> tuple:
     return hf_config, model_type, arch
 
 
-def _config_from(arch, hf_config, folder: Path) -> Config:
+def _architecture(config: dict, source: str):
+    """The converter for config.json's ``model_type``; else, when the config has no model_type or one
+    ``transformers`` does not know, for the model class in its ``architectures``. A model_type that
+    transformers knows as an architecture glassbox does not convert is refused (naming both) rather
+    than read as the class its ``architectures`` claims."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    listed = config.get("architectures")
+    names = [a for a in listed if isinstance(a, str)] if isinstance(listed, list) else []
+    if isinstance(model_type, str) and model_type in CONFIG_MAPPING_NAMES and model_type not in ARCHITECTURES:
+        named = f" (architectures={names})" if names else ""
+        raise ValueError(f"{source} describes model_type={model_type!r}{named}; glassbox converts "
+                         f"{', '.join(ARCHITECTURES)}")
+    return architecture_of_type(model_type, source=source, hf_architectures=names or None)
+
+
+def _config_from(arch, hf_config, folder: Path, model_name: Optional[str] = None) -> Config:
     try:
-        return arch.config_from(hf_config).replace(model_name=folder.name)
+        return arch.config_from(hf_config).replace(model_name=model_name or folder.name)
     except ValueError as err:
         raise ValueError(f"{folder / 'config.json'}: {err}") from err
 
 
-def load_folder(folder: Path, device=None, dtype: torch.dtype = torch.float32,
-                tokenizer=None) -> HookedTransformer:
-    """A Hugging Face GPT-2, Llama or GPT-J folder -> HookedTransformer; errors name the file or tensor."""
+def load_folder(folder: Path, device=None, dtype: Union[torch.dtype, str] = torch.float32,
+                tokenizer=None, model_name: Optional[str] = None) -> HookedTransformer:
+    """A Hugging Face folder of an architecture glassbox converts -> HookedTransformer (``model_name``
+    defaults to the folder's name); errors name the file or tensor."""
     folder = Path(folder)
     source = str(folder / "config.json")
+    as_dtype(dtype)
     hf_config, model_type, arch = _folder_config(folder)
     weights = weights_file(folder)
     # A PyTorch checkpoint has no header to read shapes from: it is read once, here.
     tensors = read_state_dict(folder) if weights.name == PYTORCH_BIN else None
     shapes = {k: tuple(v.shape) for k, v in tensors.items()} if tensors is not None else weight_shapes(folder)
     check_against_weights(hf_config, arch.weight_layout, shapes, source, str(weights))
-    cfg = _config_from(arch, hf_config, folder)
+    cfg = _config_from(arch, hf_config, folder, model_name)
+    dtype = as_dtype(dtype) or auto_dtype(read_config(folder), folder, tensors)
     state = arch.to_glassbox(tensors if tensors is not None else read_state_dict(folder), cfg, source=str(weights))
     tokenizer_source = "the tokenizer= argument"
     if tokenizer is None and any((folder / f).is_file() for f in TOKENIZER_FILES):
@@ -183,9 +341,12 @@ def build(cfg: Config, state: dict, tokenizer, device, dtype,
     return model.eval()
 
 
-def from_hf(hf_model, tokenizer=None, device=None, dtype: Optional[torch.dtype] = None) -> HookedTransformer:
-    """An in-memory ``transformers`` GPT-2, Llama or GPT-J -> HookedTransformer with the same weights."""
-    arch = architecture_of_type(getattr(hf_model.config, "model_type", None), source=type(hf_model).__name__)
+def from_hf(hf_model, tokenizer=None, device=None, dtype: Union[torch.dtype, str, None] = None) -> HookedTransformer:
+    """An in-memory ``transformers`` model of an architecture glassbox converts -> HookedTransformer with
+    the same weights; ``dtype`` None or "auto" keeps the model's own."""
+    dtype = as_dtype(dtype)
+    arch = architecture_of_type(getattr(hf_model.config, "model_type", None), source=type(hf_model).__name__,
+                                hf_architectures=[type(hf_model).__name__])
     cfg = arch.config_from(hf_model.config)
     state = arch.to_glassbox(hf_model.state_dict(), cfg)
     first = next(hf_model.parameters())
