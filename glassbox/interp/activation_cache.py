@@ -233,10 +233,12 @@ class ActivationCache(Mapping):
                                        recompute_ln, incl_bias, affine)
 
     def logit_attrs(self, residual_stack: Tensor, tokens, incorrect_tokens=None, pos_slice=None, batch_slice=None,
-                    has_batch_dim: bool = True, incl_bias: bool = True, affine: bool = True) -> Tensor:
-        """Direct logit attribution, the final norm's bias as the last row; see ``resid.logit_attrs``."""
+                    has_batch_dim: bool = True, incl_bias: bool = True, affine: bool = True,
+                    pre_cap: bool = False) -> Tensor:
+        """Direct logit attribution, the final norm's bias as the last row; see ``resid.logit_attrs``
+        (``pre_cap``: attribute a soft-capped model's uncapped logits)."""
         return resid.logit_attrs(self, residual_stack, tokens, incorrect_tokens, pos_slice, batch_slice, has_batch_dim,
-                                 incl_bias, affine)
+                                 incl_bias, affine, pre_cap)
 
     def _like(self, data: dict, has_batch_dim: bool, tokens, mask, device=None) -> "ActivationCache":
         if device is not None:

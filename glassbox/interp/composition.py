@@ -19,6 +19,10 @@ factors ``collapse_l`` (S V^T) of the left and ``collapse_r`` (U S) of the right
 norms exactly: U^T L R V' has the Frobenius norm of L R because U, V' have orthonormal columns
 spanning L's column space and R's row space. The SVDs cost O(d_model d_head^2) per head.
 
+Families: with grouped-query attention ``model.OV`` and ``model.QK`` repeat each key/value head's
+weights for its query heads, so scores stay [layer head layer head] over query heads. Q- and
+K-composition are refused for models with ``cfg.qk_norm`` (the QK circuit does not give their scores).
+
 Footgun: a circuit with norm 0 (a head whose weights are zero) gives 0/0 = nan, as in TransformerLens.
 """
 
@@ -71,6 +75,11 @@ def all_composition_scores(model, mode: str) -> Float[Tensor, "layer head layer 
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    qk_norm = getattr(model.cfg, "qk_norm", None)
+    if mode != "V" and qk_norm is not None:
+        raise ValueError(f"{mode}-composition reads the QK circuit W_Q W_K^T, but this model normalises its queries "
+                         f"and keys (qk_norm={qk_norm!r}): its scores are q_norm(x W_Q) . k_norm(x W_K), not x W_Q "
+                         "W_K^T x^T; only V-composition applies")
     left = model.OV
     right = model.OV if mode == "V" else model.QK if mode == "Q" else model.QK.T
     scores = composition_scores(left, right, broadcast_dims=True)

@@ -8,6 +8,10 @@ Rows, in TransformerLens's order and labels: "L{l}H{h}" for each head of the blo
 ``expand_neurons``, the b_out) that the head and neuron rows leave out. The rows sum to the stream
 exactly (up to float rounding); with ``apply_ln`` they are each one's linear share of the norm at
 ``layer`` (see ``resid.apply_ln_to_stack``), whose bias b is in no row.
+
+Sandwich and output-norm models (Gemma 2/3, OLMo 2): every head and neuron row is its exact share of
+the norm after its sublayer (``sublayer_norm``), and "bias" holds the biases' shares plus those norms'
+own biases, position by position; ``accumulated_bias`` (a fixed vector) is refused for them.
 """
 
 from typing import Optional
@@ -16,8 +20,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from . import sublayer_norm
 from .neurons import _directions, stack_neuron_results
-from .resid import apply_ln_to_stack, attn_only, decompose_resid, norm_at, stack_head_results, stream_at
+from .resid import apply_ln_to_stack, attn_only, check_stream, decompose_resid, stack_head_results, stream_at
 from .slices import PosSlice, slice_pos, stream_layer
 
 
@@ -29,6 +34,10 @@ def accumulated_bias(model, layer, mlp_input: bool = False,
     layer = stream_layer(model.cfg, layer)
     if mlp_input and layer == n_layers:
         raise ValueError(f"mlp_input=True needs a block's MLP; layer={layer} is the unembedding's input")
+    if sublayer_norm.sublayer_norm(model, 0, "attn") is not None:
+        raise ValueError(f"norm_placement={model.cfg.norm_placement!r}: each block's output biases pass through "
+                         "a norm at a per-position scale before they reach the residual stream, so their sum is "
+                         "no fixed vector; get_full_resid_decomposition's 'bias' row gives their exact share")
     W_E = model.W_E
     total = torch.zeros(model.cfg.d_model, device=W_E.device, dtype=W_E.dtype)
     for l in range(layer + (1 if mlp_input else 0)):
@@ -52,7 +61,7 @@ def get_full_resid_decomposition(cache, layer=None, mlp_input: bool = False, exp
     ``apply_ln_to_stack``)."""
     model = cache.model
     layer = stream_layer(model.cfg, layer)
-    norm_at(cache, layer, mlp_input)
+    check_stream(cache, layer, mlp_input)
     if mlp_input and layer == model.cfg.n_layers:
         raise ValueError(f"mlp_input=True needs a block's MLP; layer={layer} is the unembedding's input")
     reference = slice_pos(cache, stream_at(cache, layer, mlp_input), pos_slice)
@@ -81,10 +90,29 @@ def get_full_resid_decomposition(cache, layer=None, mlp_input: bool = False, exp
         if name in model.hook_dict:
             parts.append(finish(slice_pos(cache, cache[name], pos_slice)[None]))
             labels.append(label)
-    bias = accumulated_bias(model, layer, mlp_input, include_mlp_biases=expand_neurons)
-    parts.append(finish(bias.to(reference.device, reference.dtype).expand(1, *reference.shape)))
+    if sublayer_norm.sublayer_norm(model, 0, "attn") is None:
+        bias = accumulated_bias(model, layer, mlp_input, include_mlp_biases=expand_neurons)
+        bias = bias.to(reference.device, reference.dtype).expand(1, *reference.shape)
+    else:  # sandwich / output norms: each bias's share at its position's scale (sublayer_norm)
+        bias = _normed_biases(cache, layer, mlp_input, expand_neurons, stream_at(cache, layer, mlp_input))
+        bias = slice_pos(cache, bias, pos_slice)[None]
+    parts.append(finish(bias))
     labels.append("bias")
     stack = torch.cat(parts)
     if p is not None and p.ndim == 1:
         stack = stack[..., 0]
     return (stack, labels) if return_labels else stack
+
+
+def _normed_biases(cache, layer: int, mlp_input: bool, include_mlp_biases: bool, like: Tensor) -> Tensor:
+    """[*batch pos d_model]: the shares of the b_O (and b_out) the head and neuron rows leave out, each
+    through the norm after its sublayer, plus those norms' own biases (and, without
+    ``include_mlp_biases``, nothing of the MLPs: their "_mlp_out" rows hold all of it)."""
+    model = cache.model
+    total = torch.zeros_like(like)
+    for l in range(layer + (1 if mlp_input else 0)):
+        block = model.blocks[l]
+        total = total + sublayer_norm.bias_share(cache, l, "attn", block.attn.b_O, like)
+        if include_mlp_biases and l < layer and not attn_only(model):
+            total = total + sublayer_norm.bias_share(cache, l, "mlp", block.mlp.b_out, like)
+    return total

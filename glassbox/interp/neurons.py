@@ -2,7 +2,10 @@
 
 An MLP's output is the sum of its neurons' writes plus b_out (gated MLPs too: hook_post is there the
 gated product act(pre) * pre_linear that W_out reads), so ``stack_neuron_results`` summed over a
-layer's rows, plus b_out, is that layer's hook_mlp_out.
+layer's rows, plus b_out, is that layer's hook_mlp_out. Where a norm follows the MLP (norm_placement
+"sandwich": ln2_post; "output": ln2) each write is its exact share of that norm's output at the cached
+scale (``sublayer_norm``: needs the norm's hook_scale in the cache), and b_out's share plus the norm's
+bias complete hook_mlp_out.
 
 ``project_output_onto`` ([d_model] or [d_model n]) contracts each write with directions before the
 writes are expanded: hook_post[..., n] * (W_out[n] @ p), so the [..., d_mlp, d_model] stack is never
@@ -21,7 +24,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .resid import apply_ln_to_stack, attn_only, norm_at, stream_at
+from . import sublayer_norm
+from .resid import apply_ln_to_stack, attn_only, check_stream, norm_at, stream_at
 from .slices import Index, PosSlice, block_layer, index_axis, neuron_labels, slice_pos, stream_layer
 
 
@@ -36,6 +40,7 @@ def get_neuron_results(cache, layer, neuron_slice: Index = None, pos_slice: PosS
     acts = index_axis(slice_pos(cache, cache[("post", layer)], pos_slice), neuron_slice, -1, "neuron_slice")
     W_out = index_axis(model.blocks[layer].mlp.W_out.detach().to(acts.device, acts.dtype), neuron_slice, 0,
                        "neuron_slice")
+    acts, W_out = sublayer_norm.fold_into_writer(cache, layer, "mlp", acts, W_out, pos_slice)
     if project_output_onto is None:
         return acts[..., None] * W_out
     p = _directions(project_output_onto, model.cfg.d_model, acts)
@@ -59,7 +64,7 @@ def stack_neuron_results(cache, layer, pos_slice: PosSlice = None, neuron_slice:
     _check_mlps(model)
     layer = stream_layer(model.cfg, layer)
     if incl_remainder or apply_ln:
-        norm_at(cache, layer, mlp_input)  # a remainder or a norm needs a pre-norm residual stream
+        check_stream(cache, layer, mlp_input)  # a remainder or a norm needs a stream of summed outputs
     if isinstance(neuron_slice, (Integral, np.integer)) or (isinstance(neuron_slice, Tensor)
                                                             and neuron_slice.ndim == 0):
         neuron_slice = [int(neuron_slice)]  # one row per layer, as an index list of one
@@ -98,10 +103,11 @@ def _ln_projected(cache, l: int, layer: int, mlp_input: bool, neuron_slice, pos_
     scale = slice_pos(cache, cache[scale_name], pos_slice).to(acts.device, acts.dtype)
     W = index_axis(cache.model.blocks[l].mlp.W_out.detach().to(acts.device, acts.dtype), neuron_slice, 0,
                    "neuron_slice")
+    acts, W = sublayer_norm.fold_into_writer(cache, l, "mlp", acts, W, pos_slice)  # sandwich/output norms
     if cache.model.cfg.normalization == "LN":
         W = W - W.mean(-1, keepdim=True)
     if affine:
-        W = W * norm.w.detach().to(W.device, W.dtype)
+        W = W * sublayer_norm.norm_weight(norm, W)
     return (acts / scale)[..., None] * (W @ p2)
 
 

@@ -17,6 +17,12 @@ the norm's output exactly, and logit attributions sum to the logits (or logit di
 Layer arguments are stream positions and index arguments follow ``slices`` (negative and 0-d tensor
 layers; int, slice, indices, bool masks and "last" for positions).
 
+Families: sandwich and output-norm blocks (Gemma 2/3, OLMo 2) add normalised sublayer outputs, so
+resid_post = resid_pre + attn_out + mlp_out holds and their streams decompose (per-head writes are then
+each head's share of the post-sublayer norm, see ``sublayer_norm``); in output-norm blocks no norm
+reads the stream, so only ln_final applies. RMSNorm's weight offset (Gemma) is used: w is (offset + w).
+Soft-capped logits are refused by ``logit_attrs`` unless ``pre_cap`` (see there).
+
 Footguns: the weights are the model's current ones; post-norm models are refused (their residual
 stream is renormalised in every block, so it is not a sum of component outputs); ``apply_ln=True`` on a
 decomposition returns the linear parts only (the bias is ``incl_bias`` of ``apply_ln_to_stack``).
@@ -27,29 +33,52 @@ from einops import einsum
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from . import sublayer_norm
 from .slices import PosSlice, index_axis, slice_pos, stream_layer
 
 BIAS_LABEL = "ln_final.b"
 
 
 # -- the norm reading the residual stream at a layer ------------------------------------------
-def norm_at(cache, layer, mlp_input: bool = False) -> tuple:
-    """(norm module, name of its cached scale) for the norm that reads the stream entering ``layer``
-    (a stream position, see ``slices``: None or -1 is ln_final)."""
+def check_stream(cache, layer, mlp_input: bool = False) -> int:
+    """The stream position ``layer`` (see ``slices``), checked to be a sum of component outputs there.
+
+    Post-norm models are refused (their blocks renormalise the residual stream). Sandwich and
+    output-norm blocks (Gemma 2/3, OLMo 2) normalise each sublayer's output before adding it, so
+    resid_post = resid_pre + attn_out + mlp_out still holds and their streams decompose.
+    """
     model = cache.model
-    n_layers = model.cfg.n_layers
-    if model.cfg.norm_placement != "pre":
+    if model.cfg.norm_placement == "post":
         raise ValueError("post-norm models renormalise the residual stream in every block; residual "
-                         "decompositions and norm attribution do not apply to them")
+                         "decompositions and norm attribution do not apply to them (norm_placement='post')")
     layer = stream_layer(model.cfg, layer)
-    if layer == n_layers:
-        return model.ln_final, "ln_final.hook_scale"
     if mlp_input and getattr(model.cfg, "parallel_attn_mlp", False):
         raise ValueError("parallel blocks have no MLP-input residual stream (mlp_input=True)")
     if mlp_input and attn_only(model):
         raise ValueError("attention-only blocks have no MLP, so no MLP-input residual stream (mlp_input=True)")
+    return layer
+
+
+def norm_at(cache, layer, mlp_input: bool = False) -> tuple:
+    """(norm module, name of its cached scale) for the norm that reads the stream entering ``layer``
+    (a stream position, see ``slices``: None or -1 is ln_final).
+
+    Output-norm blocks (norm_placement "output", OLMo 2) have no norm reading the stream inside a
+    block (ln1 and ln2 normalise the sublayers' outputs): there every layer but the last is refused.
+    """
+    model = cache.model
+    n_layers = model.cfg.n_layers
+    layer = check_stream(cache, layer, mlp_input)
+    if layer == n_layers:
+        return model.ln_final, "ln_final.hook_scale"
+    if model.cfg.norm_placement == "output":
+        where = "MLP" if mlp_input else "attention"
+        raise ValueError(f"norm_placement='output': block {layer}'s {where} reads the residual stream "
+                         "itself (its ln1/ln2 normalise the sublayer outputs), so no norm applies at this "
+                         "layer; use layer=None (ln_final) or apply_ln=False")
     if mlp_input:
-        return model.blocks[layer].ln2, f"blocks.{layer}.ln2.hook_scale"
+        norm = model.blocks[layer].ln2  # parallel_ln2 blocks have no MLP-input stream (refused above)
+        return norm, f"blocks.{layer}.ln2.hook_scale"
     name = f"blocks.{layer}.ln1.hook_scale"
     per_position = 3 if cache.has_batch_dim else 2  # [batch pos 1]
     if name in cache and cache[name].ndim > per_position:
@@ -115,7 +144,7 @@ def decompose_resid(cache, layer=None, mlp_input: bool = False, mode: str = "all
     """
     if mode not in ("all", "attn", "mlp"):
         raise ValueError(f"mode must be 'all', 'attn' or 'mlp', got {mode!r}")
-    norm_at(cache, layer, mlp_input)  # validates layer and the architecture
+    check_stream(cache, layer, mlp_input)  # validates layer and the architecture
     layer = stream_layer(cache.model.cfg, layer)
     with_mlp = mode != "attn" and not attn_only(cache.model)
     tensors, labels = [], []
@@ -164,7 +193,10 @@ def stack_head_results(cache, layer=-1, return_labels: bool = False, incl_remain
 
     [layer*head *batch_and_pos d_model], labels "L{l}H{h}". The output bias b_O belongs to no head:
     with ``incl_b_O`` it follows each layer's heads as its own row "L{l}_b_O", so a layer's rows sum
-    to its hook_attn_out. With ``incl_remainder`` a last row "remainder" holds the rest of the stream
+    to its hook_attn_out. Where a norm follows the attention (norm_placement "sandwich": ln1_post;
+    "output": ln1) each row is its exact share of that norm's output at the cached scale
+    (``sublayer_norm``), the norm's bias (LayerNorm) joining the "L{l}_b_O" row, so the rows still sum
+    to hook_attn_out; the norm's hook_scale must then be in the cache. With ``incl_remainder`` a last row "remainder" holds the rest of the stream
     entering ``layer`` (the stream minus every other row), so the rows sum to that stream. ``layer=0``
     gives no head rows (an empty stack unless ``incl_remainder``). Computed from ``hook_z`` (never from
     a cached ``hook_result``), so it needs hook_z in the cache and holds with or without
@@ -174,16 +206,16 @@ def stack_head_results(cache, layer=-1, return_labels: bool = False, incl_remain
     model = cache.model
     layer = stream_layer(model.cfg, layer)
     if incl_remainder or apply_ln:
-        norm_at(cache, layer)  # a remainder or a norm needs a pre-norm residual stream
+        check_stream(cache, layer)  # a remainder or a norm needs a residual stream of summed outputs
     rows, labels = [], []
     for l in range(layer):
-        results = slice_pos(cache, head_results(cache, l), pos_slice, dim=-3)
+        writes = sublayer_norm.share(cache, l, "attn", head_results(cache, l))
+        results = slice_pos(cache, writes, pos_slice, dim=-3)
         rows.append(results.movedim(-2, 0))
         labels += [f"L{l}H{h}" for h in range(model.cfg.n_heads)]
         if incl_b_O:
-            b_O = model.blocks[l].attn.b_O
-            b_O = b_O.detach() if b_O is not None else torch.zeros(model.cfg.d_model)
-            rows.append(b_O.to(results.device, results.dtype).expand(1, *results.shape[:-2], model.cfg.d_model))
+            b_O = sublayer_norm.bias_share(cache, l, "attn", model.blocks[l].attn.b_O, writes[..., 0, :])
+            rows.append(slice_pos(cache, b_O, pos_slice)[None])
             labels.append(f"L{l}_b_O")
     if not rows:
         empty = slice_pos(cache, stream_at(cache, 0), pos_slice)
@@ -232,7 +264,7 @@ def apply_ln_to_stack(cache, residual_stack: Float[Tensor, "component ..."], lay
     if has_batch_dim:
         stack = index_axis(stack, batch_slice, 1, "batch_slice")
     center = cache.model.cfg.normalization == "LN"
-    w = norm.w.detach().to(stack.device, stack.dtype)
+    w = sublayer_norm.norm_weight(norm, stack)  # (offset + w) under cfg.norm_weight_offset (Gemma)
     b = getattr(norm, "b", None)
     b = b.detach().to(stack.device, stack.dtype) if b is not None else torch.zeros_like(w)
     if not affine:
@@ -257,8 +289,14 @@ def apply_ln_to_stack(cache, residual_stack: Float[Tensor, "component ..."], lay
 
 def logit_attrs(cache, residual_stack: Float[Tensor, "component ..."], tokens, incorrect_tokens=None,
                 pos_slice: PosSlice = None, batch_slice=None, has_batch_dim: bool = True,
-                incl_bias: bool = True, affine: bool = True) -> Float[Tensor, "component_out ..."]:
+                incl_bias: bool = True, affine: bool = True,
+                pre_cap: bool = False) -> Float[Tensor, "component_out ..."]:
     """Direct logit attribution: each component's share of the logit of ``tokens``.
+
+    A model with ``cfg.output_logits_soft_cap`` (Gemma 2) computes its logits as cap * tanh(x / cap)
+    of x = the unembedding's output, which is not linear, so no component has an exact share of them:
+    refused unless ``pre_cap=True``, which attributes x itself (``unembed.hook_pre_cap``); the rows
+    then sum to that, not to the logits.
 
     The stack is in residual-stream space (not normalised). Each component passes through the final
     norm exactly (see ``apply_ln_to_stack``, which takes ``pos_slice``, ``batch_slice``,
@@ -270,6 +308,11 @@ def logit_attrs(cache, residual_stack: Float[Tensor, "component ..."], tokens, i
     stack's batch/pos axes (e.g. [batch] for a stack at one position, [batch pos] for all). Ids must
     lie in [0, d_vocab): a negative id is refused, not read from the end of the vocabulary.
     """
+    cap = getattr(cache.model.cfg, "output_logits_soft_cap", None)
+    if cap is not None and not pre_cap:
+        raise ValueError(f"the model soft-caps its logits (output_logits_soft_cap={cap}): cap * tanh(x / cap) is "
+                         "not linear, so components have no exact share of the logits; pass pre_cap=True to "
+                         "attribute the uncapped logits (unembed.hook_pre_cap), which the rows then sum to")
     scaled = apply_ln_to_stack(cache, residual_stack, None, pos_slice=pos_slice, batch_slice=batch_slice,
                                has_batch_dim=has_batch_dim, incl_bias=incl_bias, affine=affine)
     ids = _token_ids(cache.model, tokens, scaled.device)

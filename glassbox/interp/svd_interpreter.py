@@ -14,7 +14,9 @@ unembedding ``W_U`` (no final norm): [d_vocab k], column i for the i-th largest 
 This is the method of Millidge & Black's SVD post and of TransformerLens's ``SVDInterpreter``, with
 the same matrices (ln2's weight folded into W_in as TransformerLens does when its model keeps it;
 glassbox models keep it unless processed). The norm folded is the one the MLP reads: ln2 in a
-pre-norm block, ln1 in a parallel (GPT-J) block, none in a post-norm block (ln2 follows the MLP).
+pre-norm or sandwich block and in a GPT-NeoX parallel block, ln1 in a GPT-J parallel block, none in a
+post-norm or output-norm block (ln2 follows the MLP); Gemma's weight offset is included. With
+grouped-query attention a head's OV circuit uses its key/value head's W_V.
 
 Footguns: a singular vector is defined only up to its sign (and, for repeated singular values, up
 to a rotation), so compare columns up to sign; it differs between devices and SVD algorithms.
@@ -51,7 +53,8 @@ def singular_directions(model, kind: str, layer: int, head: Optional[int] = None
         if head is None:
             raise ValueError("the OV kind needs a head; w_in and w_out are per layer")
         head = _check_index(head, cfg.n_heads, "head")
-        return FactoredMatrix(block.attn.W_V[head], block.attn.W_O[head]).V.transpose(-2, -1)
+        kv_head = head // cfg.n_kv_groups  # grouped-query attention: the query head's key/value head
+        return FactoredMatrix(block.attn.W_V[kv_head], block.attn.W_O[head]).V.transpose(-2, -1)
     if head is not None:
         raise ValueError(f"head={head!r} given for {kind!r}, which is a whole layer's MLP matrix")
     mlp = getattr(block, "mlp", None)
@@ -69,13 +72,17 @@ def singular_directions(model, kind: str, layer: int, head: Optional[int] = None
 
 
 def _mlp_norm_weight(model, block) -> Optional[Tensor]:
-    """The weight of the norm right before the MLP: ln2 in a pre-norm block, ln1 in a parallel one
-    (its MLP reads ln1's output), none in a post-norm block (its ln2 follows the MLP)."""
+    """The weight of the norm right before the MLP: ln2 in a pre-norm or sandwich block and in a
+    GPT-NeoX parallel block (parallel_ln2), ln1 in a GPT-J parallel one (its MLP reads ln1's output),
+    none in a post-norm or output-norm block (there ln2 follows the MLP). With cfg.norm_weight_offset
+    (Gemma) the weight is (offset + w)."""
     cfg = model.cfg
-    if cfg.norm_placement != "pre":
+    if cfg.norm_placement not in ("pre", "sandwich"):
         return None
-    norm = getattr(block, "ln1" if cfg.parallel_attn_mlp else "ln2", None)
-    return getattr(norm, "w", None)
+    norm = getattr(block, "ln1" if cfg.parallel_attn_mlp and not cfg.parallel_ln2 else "ln2", None)
+    if getattr(norm, "w", None) is None:
+        return None
+    return norm.w + float(getattr(norm, "offset", 0.0))
 
 
 def singular_vocab_directions(model, kind: str, layer: int, head: Optional[int] = None,

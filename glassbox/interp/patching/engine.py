@@ -59,7 +59,7 @@ ACTIVATIONS = {
     "attn_scores": "blocks.{L}.attn.hook_attn_scores", "mlp_pre": "blocks.{L}.mlp.hook_pre",
     "mlp_post": "blocks.{L}.mlp.hook_post",
 }
-PATCH_AXES = ("pos", "head", "query_pos", "key_pos")
+PATCH_AXES = ("pos", "head", "kv_head", "query_pos", "key_pos")
 SPAN_AXES = ("pos", "query_pos")  # activation axes a pass computes only from its first position on
 DEFAULT_MEMORY_BUDGET = 2**30
 DEFAULT_BANDS = None  # automatic: one per 4 positions, at most 16 (measured best on GPT-2 small, CPU)
@@ -93,6 +93,8 @@ def activation_patch(model, corrupted_tokens: Union[Int[Tensor, "batch pos"], st
                   reuse_prefix, bands)
     if not isinstance(activation, str) and not activation:
         raise ValueError("activation is an empty list")
+    if not isinstance(activation, str):
+        check_stackable(model, list(activation), tuple(axes))
     with user_hooks(model, fwd_hooks, sweep.n_prompts) as hooked:
         sweep.honour_user_hooks(hooked)
         if isinstance(activation, str):
@@ -151,6 +153,9 @@ class Sweep:
     def labels(self, axis: str) -> list:
         if axis in ("pos", "query_pos", "key_pos"):
             return position_labels(self.model, self.tokens[0])
+        if axis == "kv_head":  # which query heads read each key/value head
+            g = self.model.cfg.n_kv_groups
+            return [f"{i} (q {i * g}-{i * g + g - 1})" if g > 1 else str(i) for i in range(self.sizes(axis))]
         return [str(i) for i in range(self.sizes(axis))]
 
     def row_bytes(self, span: int, materialised: bool) -> int:
@@ -188,7 +193,7 @@ class Sweep:
         model, n_layers = self.model, self.model.cfg.n_layers
         template = resolve_template(model, activation)
         act_axes = hook_shape(template.format(L=0), model.hook_flags, model.cfg).split()[1:]  # without batch
-        check_axes(axes, act_axes, template)
+        check_axes(axes, act_axes, template, model.cfg)
         if not isinstance(clean_cache, Mapping):
             raise TypeError(f"clean_cache must be a mapping hook name -> tensor, got {type(clean_cache).__name__}")
         shape = self.expected_shape(act_axes)
@@ -303,16 +308,37 @@ def resolve_template(model, activation: str) -> str:
     return template
 
 
-def check_axes(axes: tuple, act_axes: list, template: str) -> None:
+def check_axes(axes: tuple, act_axes: list, template: str, cfg=None) -> None:
     if not axes or axes[0] != "layer":
         raise ValueError(f"sweep axes start with 'layer', got {axes!r}")
     indexable = [a for a in act_axes if a in PATCH_AXES]
     for axis in axes[1:]:
+        if axis == "head" and "kv_head" in act_axes:
+            raise ValueError(f"{template} has a kv_head axis, not head: this model's {cfg.n_heads} query heads share "
+                             f"n_key_value_heads={cfg.n_key_value_heads} key/value heads (grouped-query attention). "
+                             "Sweep 'kv_head' (each kv head at once for all the query heads that read it), or build "
+                             "the model with ungroup_grouped_query_attention=True for keys and values per query head")
         if axis not in indexable:
             raise ValueError(f"axis {axis!r} cannot be swept for {template} ({' '.join(act_axes)}); "
                              f"choose from {indexable}")
     if len(set(axes)) != len(axes):
         raise ValueError(f"sweep axes repeat: {axes!r}")
+
+
+def check_stackable(model, activations: list, axes: tuple) -> None:
+    """Stacked sweeps share one grid: refuse (before any forward) an activation whose head axis is
+    kv_head (keys and values under grouped-query attention) in a grid over query heads."""
+    for activation in activations:
+        template = resolve_template(model, activation)
+        act_axes = hook_shape(template.format(L=0), model.hook_flags, model.cfg).split()[1:]
+        if "head" in axes and "kv_head" in act_axes:
+            cfg = model.cfg
+            raise ValueError(f"a stacked sweep of {', '.join(map(str, activations))} shares one head axis, but "
+                             f"{template} has n_key_value_heads={cfg.n_key_value_heads} kv heads, not n_heads="
+                             f"{cfg.n_heads} (grouped-query attention): sweep keys and values on their own "
+                             "(patch_head_k / patch_head_v and their _by_pos forms sweep kv heads), or build the "
+                             "model with ungroup_grouped_query_attention=True")
+        check_axes(axes, act_axes, template, model.cfg)
 
 
 def check_clean(clean_cache: Mapping, name: str, shape: tuple) -> None:

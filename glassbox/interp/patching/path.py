@@ -11,6 +11,9 @@ two for the noising direction, as the IOI paper runs it).
    ``(layer, head, "q"|"k"|"v")``: their inputs from run 1 are patched into a fresh corrupted run,
    in which everything downstream is recomputed, and the metric is read from that.
 
+Under grouped-query attention a "k" or "v" receiver's head is a key/value head (the hook's kv_head
+axis, read by all its query heads); "q" receivers and senders are query heads.
+
 Every sender must sit in a layer before every receiver. Sender sets run side by side along the
 batch axis, in passes bounded by the memory budget; in run 1 each joins the batch at its first
 sender layer from the cached corrupted residual stream. Hooks are removed however a run ends.
@@ -29,6 +32,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from ...models.hook_shapes import hook_shape
 from .engine import DEFAULT_MEMORY_BUDGET, Sweep, check_clean, progress_bar
 from .readout import Readout
 from .result import PatchResult
@@ -159,7 +163,7 @@ def run_pass(sweep: Sweep, chunk: list, clean_z: dict, receivers, freeze_mlps: b
     # Run 2: a fresh corrupted run whose receivers read run 1's inputs; everything after recomputes.
     hooks = []
     for name in captured:
-        heads = torch.zeros(1, 1, cfg.n_heads, 1, dtype=torch.bool)
+        heads = torch.zeros(1, 1, captured[name].shape[2], 1, dtype=torch.bool)  # kv heads for grouped k, v
         for l, h, k in receivers:
             if kind_name(l, k) == name:
                 heads[0, 0, h] = True
@@ -194,13 +198,23 @@ def kind_name(layer: int, kind: str) -> str:
     return f"blocks.{layer}.attn.hook_{kind}"
 
 
-def check_head(model, head, what: str) -> tuple:
+def grouped_kv(model, kind: str) -> bool:
+    """Whether a receiver of ``kind`` indexes key/value heads (k, v under grouped-query attention)."""
+    if kind not in ("k", "v"):
+        return False
+    return "kv_head" in hook_shape(kind_name(0, kind), model.hook_flags, model.cfg).split()
+
+
+def check_head(model, head, what: str, kv: bool = False) -> tuple:
     cfg = model.cfg
     if not (isinstance(head, (tuple, list)) and len(head) == 2 and all(isinstance(i, int) for i in head)):
         raise ValueError(f"{what} must be a (layer, head) pair of ints, got {head!r}")
     layer, index = head
-    if not (0 <= layer < cfg.n_layers and 0 <= index < cfg.n_heads):
-        raise ValueError(f"{what} {tuple(head)} is outside {cfg.n_layers} layers x {cfg.n_heads} heads")
+    n_heads = cfg.n_key_value_heads if kv else cfg.n_heads
+    if not (0 <= layer < cfg.n_layers and 0 <= index < n_heads):
+        kind = (f" key/value heads (grouped-query attention, n_key_value_heads={n_heads}: a k or v receiver "
+                "names a kv head, read by all its query heads)") if kv else " heads"
+        raise ValueError(f"{what} {tuple(head)} is outside {cfg.n_layers} layers x {n_heads}{kind}")
     return (layer, index)
 
 
@@ -213,7 +227,7 @@ def parse_receivers(model, receivers: Receivers, senders: list):
     for receiver in receivers:
         if not (isinstance(receiver, (tuple, list)) and len(receiver) == 3 and receiver[2] in KINDS):
             raise ValueError(f"a receiver is (layer, head, 'q'|'k'|'v'), got {receiver!r}")
-        layer, head = check_head(model, tuple(receiver[:2]), "receiver")
+        layer, head = check_head(model, tuple(receiver[:2]), "receiver", kv=grouped_kv(model, receiver[2]))
         parsed.append((layer, head, receiver[2]))
     if not parsed:
         raise ValueError("receivers is empty")

@@ -15,6 +15,13 @@ Each takes ``(model, corrupted_tokens, clean_cache, metric, **options)`` (option
 | patch_head_every | get_act_patch_attn_head_all_pos_every | component(z q k v pattern) layer head |
 | patch_head_every_by_pos | get_act_patch_attn_head_by_pos_every | component(z q k v) layer pos head |
 
+Grouped-query attention (``cfg.n_key_value_heads`` < n_heads, keys and values not ungrouped): the
+k and v sweeps sweep key/value heads, axis ``kv_head`` (labels "i (q a-b)": the query heads reading
+kv head i), since one kv head's keys or values are read by all its query heads at once; q, z and
+pattern stay per query head. ``patch_head_every`` and ``patch_head_every_by_pos`` stack q and k on one
+head axis, so they are refused there, naming the option; sweep k and v on their own, or build the
+model with ``ungroup_grouped_query_attention=True`` (hooks per query head).
+
 "All positions" head sweeps patch the head at every position at once; "by pos" sweeps patch one
 position (for the pattern: one query row) at a time. TransformerLens's
 ``get_act_patch_attn_head_by_pos_every`` has a fifth component, the pattern by query row;
@@ -25,16 +32,29 @@ sweep stays four components.
 from collections.abc import Mapping
 from typing import Callable
 
-from .engine import activation_patch
+from ...models.hook_shapes import hook_shape
+from .engine import activation_patch, resolve_template
 from .result import PatchResult
 
 
 def _sweep(activation, axes: tuple, doc: str) -> Callable:
     def sweep(model, corrupted_tokens, clean_cache: Mapping, metric: Callable, **options) -> PatchResult:
-        return activation_patch(model, corrupted_tokens, clean_cache, metric, activation, axes, **options)
+        return activation_patch(model, corrupted_tokens, clean_cache, metric, activation,
+                                head_axes(model, activation, axes), **options)
 
     sweep.__doc__ = f"{doc} Returns a PatchResult [{' '.join(axes)}]."
     return sweep
+
+
+def head_axes(model, activation, axes: tuple) -> tuple:
+    """``axes`` with "head" read as "kv_head" for one activation whose hook has that axis (keys and
+    values under grouped-query attention); stacked sweeps keep "head" (and are refused there)."""
+    if not isinstance(activation, str) or "head" not in axes:
+        return axes
+    template = resolve_template(model, activation)
+    if "kv_head" not in hook_shape(template.format(L=0), model.hook_flags, model.cfg).split():
+        return axes
+    return tuple("kv_head" if a == "head" else a for a in axes)
 
 
 BY_POSITION = ("layer", "pos")
