@@ -170,7 +170,9 @@ def decompose_resid(cache, layer=None, mlp_input: bool = False, mode: str = "all
 
 # -- per-head writes --------------------------------------------------------------------------
 def head_results(cache, layer) -> Float[Tensor, "*batch pos head d_model"]:
-    """Each head's write to the residual stream at block ``layer``: z @ W_O per head, from ``hook_z``."""
+    """Each head's z @ W_O at block ``layer``, from ``hook_z`` (``hook_result``'s meaning). Where a norm
+    follows the attention (sandwich, output) this is before it; ``stack_head_results`` gives the share
+    that reaches the residual stream."""
     model = cache.model
     z = cache[("z", layer)]
     W_O = model.blocks[layer].attn.W_O.detach().to(z.device, z.dtype)
