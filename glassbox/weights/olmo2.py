@@ -1,3 +1,174 @@
-"""Pure converters between ``transformers`` OLMo 2 and glassbox, both ways."""
+"""Pure converters between ``transformers`` OLMo 2 (Olmo2ForCausalLM) and glassbox, both ways.
 
-FAMILIES = []
+OLMo 2 normalises the sublayers' outputs, not their inputs (``norm_placement="output"``):
+resid_mid = resid_pre + ln1(attn(resid_pre)), resid_post = resid_mid + ln2(mlp(resid_mid)), where
+ln1 is transformers' ``post_attention_layernorm`` and ln2 its ``post_feedforward_layernorm`` (both
+RMSNorm; TransformerLens's names for OLMo 2), then a final RMSNorm. Queries and keys go through an
+RMSNorm over all heads together before the rotation (``qk_norm="full"``: q_norm weight
+[n_heads * d_head], k_norm [n_key_value_heads * d_head], with rms_norm_eps). Rotary "half" on every
+head dim, grouped-query attention (``num_key_value_heads``), a SwiGLU MLP without biases, an untied
+unembedding unless ``tie_word_embeddings``; ``attention_bias`` gives q/k/v and output biases.
+``head_dim``, when the config sets one, is read (transformers' modules use it); d_head defaults to
+hidden_size // num_attention_heads.
+
+HF stores nn.Linear weights as [d_out d_in]; ours right-multiply, so matrices are transposed and the
+per-head ones split along head * d_head. Refused by name: a hidden_act glassbox does not compute and
+rope scaling (``rope_parameters`` with a rope_type other than "default"). Every tensor's shape is
+checked.
+"""
+
+from typing import Mapping
+
+from torch import Tensor
+
+from ..models import Config
+from ..models.config import ACT_FNS
+from .family import Architecture, options_beyond
+from .gpt2 import check_no_extras, check_shapes, expected_shapes
+
+OLMO2_OPTIONS = dict(normalization="RMS", norm_placement="output", qk_norm="full", positional="rotary",
+                     rotary_style="half", gated_mlp=True, use_bias=False, mlp_bias=False, unembed_bias=False,
+                     parallel_attn_mlp=False, attn_only=False)
+OLMO2_ALLOWED = ("qk_norm", "n_key_value_heads", "qkv_bias", "attn_out_bias")
+
+OLMO2_CONFIG_FIELDS = {
+    "num_hidden_layers": "size", "hidden_size": "size", "num_attention_heads": "size",
+    "num_key_value_heads": "size?", "head_dim": "size?", "vocab_size": "size", "max_position_embeddings": "size",
+    "intermediate_size": "size", "hidden_act": "str", "rms_norm_eps": "number", "initializer_range": "number>=0",
+    "rope_theta": "number", "tie_word_embeddings": "bool", "attention_bias": "bool", "rope_parameters": "object?",
+    "rope_scaling": "object?",
+}
+OLMO2_WEIGHT_LAYOUT = ("num_hidden_layers", r"model\.layers\.(\d+)\.",
+                       [(("model.embed_tokens.weight",), ("vocab_size", "hidden_size"))])
+
+
+def config_from_olmo2(hf_config) -> Config:
+    """A glassbox Config from a ``transformers.Olmo2Config`` (refusing what glassbox does not compute)."""
+    if getattr(hf_config, "model_type", None) != "olmo2":
+        raise ValueError(f"expected an OLMo 2 config, got model_type={getattr(hf_config, 'model_type', None)!r}")
+    act = hf_config.hidden_act
+    if act not in ACT_FNS:
+        raise ValueError(f"OLMo 2 hidden_act {act!r} is not supported (glassbox computes {', '.join(ACT_FNS)})")
+    rope = dict(getattr(hf_config, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"OLMo 2 rope scaling (rope_parameters rope_type={rope.get('rope_type')!r}) is not "
+                         "supported (only 'default')")
+    heads = hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    bias = bool(hf_config.attention_bias)
+    return Config(
+        d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers, n_heads=heads,
+        n_key_value_heads=hf_config.num_key_value_heads or heads, d_vocab=hf_config.vocab_size,
+        n_ctx=hf_config.max_position_embeddings, d_head=head_dim, d_mlp=hf_config.intermediate_size, act_fn=act,
+        layer_norm_eps=hf_config.rms_norm_eps, init_range=hf_config.initializer_range, rotary_dim=head_dim,
+        rotary_base=float(rope.get("rope_theta", 10000.0)),
+        tied_unembed=bool(hf_config.tie_word_embeddings), qkv_bias=bias, attn_out_bias=bias,
+        model_name=getattr(hf_config, "name_or_path", "") or "olmo2", **OLMO2_OPTIONS,
+    )
+
+
+def config_to_olmo2(cfg: Config):
+    """A ``transformers.Olmo2Config`` for an OLMo-2-architecture glassbox Config (ValueError naming every
+    option it cannot represent)."""
+    from transformers import Olmo2Config
+
+    wrong = {k: getattr(cfg, k) for k, v in OLMO2_OPTIONS.items() if getattr(cfg, k) != v}
+    wrong.update(options_beyond(cfg, OLMO2_ALLOWED))
+    if cfg.positional == "rotary" and cfg.rotary_dim != cfg.d_head:
+        wrong["rotary_dim"] = cfg.rotary_dim
+    if cfg.qkv_bias != cfg.attn_out_bias:
+        wrong["qkv_bias != attn_out_bias"] = (cfg.qkv_bias, cfg.attn_out_bias)
+    if wrong:
+        raise ValueError(f"not an OLMo-2-architecture config: {wrong} (OLMo 2 needs {OLMO2_OPTIONS}, "
+                         "rotary_dim == d_head, one attention_bias for the q/k/v and output projections, and no "
+                         f"family option beyond {OLMO2_ALLOWED})")
+    last = cfg.d_vocab - 1
+    rope = {"rope_type": "default", "rope_theta": cfg.rotary_base}
+    extra = {"head_dim": cfg.d_head} if cfg.d_head * cfg.n_heads != cfg.d_model else {}
+    return Olmo2Config(
+        hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_key_value_heads, vocab_size=cfg.d_vocab, max_position_embeddings=cfg.n_ctx,
+        intermediate_size=cfg.d_mlp, hidden_act=cfg.act_fn, rms_norm_eps=cfg.layer_norm_eps,
+        initializer_range=cfg.init_range, tie_word_embeddings=cfg.tied_unembed, attention_bias=cfg.qkv_bias,
+        rope_parameters=rope, pad_token_id=min(1, last), bos_token_id=None, eos_token_id=last, **extra,
+    )
+
+
+def hf_expected_shapes(cfg: Config) -> dict:
+    D, Q, KV, M, V = cfg.d_model, cfg.n_heads * cfg.d_head, cfg.n_key_value_heads * cfg.d_head, cfg.d_mlp, cfg.d_vocab
+    shapes = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
+    for L in range(cfg.n_layers):
+        h = f"model.layers.{L}."
+        shapes.update({
+            h + "self_attn.q_proj.weight": (Q, D), h + "self_attn.k_proj.weight": (KV, D),
+            h + "self_attn.v_proj.weight": (KV, D), h + "self_attn.o_proj.weight": (D, Q),
+            h + "self_attn.q_norm.weight": (Q,), h + "self_attn.k_norm.weight": (KV,),
+            h + "mlp.gate_proj.weight": (M, D), h + "mlp.up_proj.weight": (M, D), h + "mlp.down_proj.weight": (D, M),
+            h + "post_attention_layernorm.weight": (D,), h + "post_feedforward_layernorm.weight": (D,),
+        })
+        if cfg.qkv_bias:
+            shapes.update({h + "self_attn.q_proj.bias": (Q,), h + "self_attn.k_proj.bias": (KV,),
+                           h + "self_attn.v_proj.bias": (KV,), h + "self_attn.o_proj.bias": (D,)})
+    if not cfg.tied_unembed:
+        shapes["lm_head.weight"] = (V, D)
+    return shapes
+
+
+def olmo2_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config, source: str = "OLMo 2 state dict") -> dict:
+    """HF Olmo2ForCausalLM state dict -> our state dict (pure: the inputs are not modified)."""
+    sd = hf_state_dict
+    expected = hf_expected_shapes(cfg)
+    check_shapes(sd, expected, source)
+    # A tied model's lm_head is W_E again; older checkpoints saved rotary frequencies.
+    ignored = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",) + ((r"lm_head\.weight",) if cfg.tied_unembed else ())
+    check_no_extras(sd, expected, source, ignored)
+    D, Dh = cfg.d_model, cfg.d_head
+    out = {"embed.W_E": sd["model.embed_tokens.weight"], "ln_final.w": sd["model.norm.weight"]}
+    for L in range(cfg.n_layers):
+        h, p = f"model.layers.{L}.", f"blocks.{L}."
+        for name, proj in zip("QKV", "qkv"):
+            # [head*d_head d_model] -> [head d_model d_head]
+            out[p + f"attn.W_{name}"] = sd[h + f"self_attn.{proj}_proj.weight"].reshape(-1, Dh, D).transpose(1, 2)
+            if cfg.qkv_bias:
+                out[p + f"attn.b_{name}"] = sd[h + f"self_attn.{proj}_proj.bias"].reshape(-1, Dh)
+        if cfg.attn_out_bias:
+            out[p + "attn.b_O"] = sd[h + "self_attn.o_proj.bias"]
+        out.update({
+            p + "attn.W_O": sd[h + "self_attn.o_proj.weight"].T.reshape(cfg.n_heads, Dh, D),
+            p + "attn.q_norm.w": sd[h + "self_attn.q_norm.weight"], p + "attn.k_norm.w": sd[h + "self_attn.k_norm.weight"],
+            p + "ln1.w": sd[h + "post_attention_layernorm.weight"], p + "ln2.w": sd[h + "post_feedforward_layernorm.weight"],
+            p + "mlp.W_gate": sd[h + "mlp.gate_proj.weight"].T, p + "mlp.W_in": sd[h + "mlp.up_proj.weight"].T,
+            p + "mlp.W_out": sd[h + "mlp.down_proj.weight"].T,
+        })
+    if not cfg.tied_unembed:
+        out["unembed.W_U_T"] = sd["lm_head.weight"]
+    return out
+
+
+def glassbox_to_olmo2(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
+    """Our state dict -> HF Olmo2ForCausalLM state dict (contiguous tensors)."""
+    sd = state_dict
+    check_shapes(sd, expected_shapes(cfg), "glassbox state dict")
+    D = cfg.d_model
+    out = {"model.embed_tokens.weight": sd["embed.W_E"], "model.norm.weight": sd["ln_final.w"]}
+    for L in range(cfg.n_layers):
+        h, p = f"model.layers.{L}.", f"blocks.{L}."
+        for name, proj in zip("QKV", "qkv"):
+            out[h + f"self_attn.{proj}_proj.weight"] = sd[p + f"attn.W_{name}"].transpose(1, 2).reshape(-1, D)
+            if cfg.qkv_bias:
+                out[h + f"self_attn.{proj}_proj.bias"] = sd[p + f"attn.b_{name}"].reshape(-1)
+        if cfg.attn_out_bias:
+            out[h + "self_attn.o_proj.bias"] = sd[p + "attn.b_O"]
+        out.update({
+            h + "self_attn.o_proj.weight": sd[p + "attn.W_O"].reshape(-1, D).T,
+            h + "self_attn.q_norm.weight": sd[p + "attn.q_norm.w"], h + "self_attn.k_norm.weight": sd[p + "attn.k_norm.w"],
+            h + "post_attention_layernorm.weight": sd[p + "ln1.w"], h + "post_feedforward_layernorm.weight": sd[p + "ln2.w"],
+            h + "mlp.gate_proj.weight": sd[p + "mlp.W_gate"].T, h + "mlp.up_proj.weight": sd[p + "mlp.W_in"].T,
+            h + "mlp.down_proj.weight": sd[p + "mlp.W_out"].T,
+        })
+    out["lm_head.weight"] = sd["unembed.W_U_T"] if not cfg.tied_unembed else sd["embed.W_E"]
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+FAMILIES = [Architecture("olmo2", "Olmo2Config", "Olmo2ForCausalLM", config_from_olmo2, olmo2_to_glassbox,
+                         config_to_olmo2, glassbox_to_olmo2, OLMO2_CONFIG_FIELDS, OLMO2_WEIGHT_LAYOUT)]
