@@ -152,7 +152,7 @@ def hub_snapshot(repo_id: str, files) -> Path:
                                         local_files_only=offline))
         if not offline and "*.safetensors" in files and not any(folder.glob("*.safetensors")):
             folder = Path(snapshot_download(repo_id, allow_patterns=list(files) + [PYTORCH_BIN],
-                                            cache_dir=str(cache)))
+                                            cache_dir=str(cache), local_files_only=False))
     except Exception as err:  # huggingface_hub raises many types: offline, unreachable, no such repo, gated
         raise ModelNotFoundError(_not_found(repo_id, cache, offline, err)) from err
     return folder
