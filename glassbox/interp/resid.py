@@ -310,7 +310,8 @@ def logit_attrs(cache, residual_stack: Float[Tensor, "component ..."], tokens, i
     stack's batch/pos axes (e.g. [batch] for a stack at one position, [batch pos] for all). Ids must
     lie in [0, d_vocab): a negative id is refused, not read from the end of the vocabulary.
     """
-    cap = getattr(cache.model.cfg, "output_logits_soft_cap", None)
+    # a TransformerLens-style config reads -1.0 for "no cap" under this name: ask the glassbox Config
+    cap = getattr(getattr(cache.model.cfg, "glassbox", cache.model.cfg), "output_logits_soft_cap", None)
     if cap is not None and not pre_cap:
         raise ValueError(f"the model soft-caps its logits (output_logits_soft_cap={cap}): cap * tanh(x / cap) is "
                          "not linear, so components have no exact share of the logits; pass pre_cap=True to "

@@ -4,8 +4,17 @@
   ``hooked_transformer_config.to_glassbox``), fixed once a model is built.
 - ``FLAGS``: the runtime hook flags, written through to ``model.hook_flags``.
 - ``DESCRIPTIVE``: labels and loading options that change nothing computed; stored, settable.
-- ``REFUSED``: options glassbox does not compute. Each maps to (allowed(value, values), reason): a
-  value other than the default is refused unless ``allowed`` says it computes the same thing.
+- ``REFUSED``: options glassbox does not compute, or computes only in some combinations. Each maps to
+  (allowed(value, values), reason): a value other than the default is refused unless ``allowed`` says
+  glassbox computes the same thing.
+
+Today's families map onto glassbox options of the same meaning (``family_options`` in
+``hooked_transformer_config``): grouped-query heads, per-head q/k norms, inverse-layer scaling, the
+score scale (TransformerLens divides by ``attn_scale``, glassbox multiplies by its inverse), soft caps
+(TransformerLens's -1.0 is glassbox's None), local layers and their rotary base, the norms after each
+sublayer ("sandwich"), OLMo 2/3's output norms and q/k norms over all heads (TransformerLens keys them on
+``original_architecture``), and linear, NTK-by-parts (llama3) and YaRN rope scaling. TransformerLens's
+Gemma norms store 1 + w, so glassbox builds them with no weight offset.
 """
 
 import math
@@ -47,53 +56,71 @@ ARCHITECTURE = (
     "normalization_type", "positional_embedding_type", "rotary_dim", "rotary_base", "rotary_adjacent_pairs",
     "parallel_attn_mlp", "gated_mlp", "attn_only", "initializer_range", "init_mode", "use_attn_scale",
     "attn_scale", "n_params",
+    # today's families (see hooked_transformer_config.family_options)
+    "n_key_value_heads", "ungroup_grouped_query_attention", "use_qk_norm", "scale_attn_by_inverse_layer_idx",
+    "attn_scores_soft_cap", "output_logits_soft_cap", "use_local_attn", "window_size", "attn_types",
+    "rotary_base_local", "use_normalization_before_and_after", "rotary_scaling_factor", "use_NTK_by_parts_rope",
+    "NTK_by_parts_low_freq_factor", "NTK_by_parts_high_freq_factor", "NTK_by_parts_factor", "NTK_original_ctx_len",
+    "use_yarn_rope", "yarn_factor", "yarn_attention_factor", "yarn_beta_fast", "yarn_beta_slow",
+    "yarn_original_max_position_embeddings", "yarn_truncate", "yarn_global_attn_only",
 )
 
 DESCRIPTIVE = (
     "model_name", "original_architecture", "tokenizer_name", "seed", "from_checkpoint", "checkpoint_index",
     "checkpoint_label_type", "checkpoint_value", "init_weights", "tokenizer_prepends_bos", "trust_remote_code",
-    "uses_rms_norm", "layer_norm_folding", "ungroup_grouped_query_attention", "tie_word_embeddings",
-    "decoder_start_token_id", "train_seq_length", "norm_topk_prob",
-    # Parameters of options that stay off (refused when on): their values change nothing.
-    "NTK_by_parts_low_freq_factor", "NTK_by_parts_high_freq_factor", "NTK_by_parts_factor", "NTK_original_ctx_len",
-    "yarn_factor", "yarn_attention_factor", "yarn_beta_fast", "yarn_beta_slow",
-    "yarn_original_max_position_embeddings", "yarn_truncate", "yarn_global_attn_only",
+    "uses_rms_norm", "layer_norm_folding", "tie_word_embeddings", "decoder_start_token_id", "train_seq_length",
+    "norm_topk_prob",
 )
 
+# TransformerLens 3.9 builds OLMo's output norms (ln1/ln2 after each sublayer) for these, and q/k norms
+# over all heads together (not per head) for these.
+POST_NORM_ARCHITECTURES = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
+FULL_QK_NORM_ARCHITECTURES = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
+
 _never = lambda value, values: False  # noqa: E731
+_rms = lambda values: values["normalization_type"] in ("RMS", "RMSPre")  # noqa: E731
+_rotary = lambda values: values["positional_embedding_type"] == "rotary"  # noqa: E731
+_n_scalings = lambda values: (bool(values["use_NTK_by_parts_rope"]) + bool(values["use_yarn_rope"])  # noqa: E731
+                              + (values["rotary_scaling_factor"] != 1.0))
 
 REFUSED = {
-    "n_key_value_heads": (lambda value, values: value == values["n_heads"],
-                          "glassbox has no grouped-query attention (n_key_value_heads must equal n_heads)"),
+    "n_key_value_heads": (lambda value, values: isinstance(value, int) and not isinstance(value, bool) and value > 0
+                          and values["n_heads"] % value == 0,
+                          "grouped-query attention needs a positive n_key_value_heads dividing n_heads"),
     "num_experts": (_never, "glassbox has no mixture-of-experts MLP"),
     "experts_per_token": (_never, "glassbox has no mixture-of-experts MLP"),
     "final_rms": (lambda value, values: values["normalization_type"] in ("RMS", "RMSPre"),
                   "glassbox's final norm is the blocks' kind (an RMSNorm after LayerNorm blocks is not built)"),
-    "use_qk_norm": (_never, "glassbox has no query/key norm"),
+    "use_qk_norm": (lambda value, values: _rms(values) and values["original_architecture"]
+                    not in FULL_QK_NORM_ARCHITECTURES,
+                    "glassbox's per-head q/k RMSNorm needs RMS blocks (normalization_type 'RMS' or 'RMSPre'), and "
+                    "not on top of OLMo's q/k norms over all heads"),
     "clip_qkv": (_never, "glassbox does not clamp q, k and v"),
     "use_logn_attn": (_never, "glassbox has no log-n attention scaling"),
-    "use_dynamic_ntk_rope": (_never, "glassbox's rotary base is fixed"),
-    "use_NTK_by_parts_rope": (_never, "glassbox's rotary frequencies are not rescaled"),
-    "use_yarn_rope": (_never, "glassbox's rotary frequencies are not rescaled"),
-    "rotary_scaling_factor": (_never, "glassbox's rotary frequencies are not rescaled"),
-    "rotary_base_local": (_never, "glassbox has no local attention layers"),
-    "use_local_attn": (_never, "glassbox's attention is global and causal"),
-    "window_size": (_never, "glassbox's attention is global and causal"),
-    "attn_types": (_never, "glassbox's attention is global and causal"),
+    "use_dynamic_ntk_rope": (_never, "glassbox's dynamic rope scaling is transformers' ('dynamic'), not Qwen-1's "
+                                     "log-n NTK alpha"),
+    "use_local_attn": (lambda value, values: isinstance(values["window_size"], int) and values["window_size"] > 0
+                       and values["attn_types"] is not None and len(values["attn_types"]) == values["n_layers"]
+                       and all(t in ("global", "local") for t in values["attn_types"]),
+                       "local attention needs window_size (a positive int) and attn_types ('global' or 'local' for "
+                       "each of the n_layers layers)"),
+    "use_NTK_by_parts_rope": (lambda value, values: _rotary(values) and _n_scalings(values) == 1,
+                              "NTK-by-parts (llama3) rope scaling needs rotary positions and no other rope scaling"),
+    "use_yarn_rope": (lambda value, values: _rotary(values) and _n_scalings(values) == 1,
+                      "YaRN rope scaling needs rotary positions and no other rope scaling"),
+    "rotary_scaling_factor": (lambda value, values: _rotary(values) and _n_scalings(values) == 1 and value >= 1,
+                              "linear rope scaling needs rotary positions, no other rope scaling and a factor >= 1"),
     "attention_dir": (_never, "glassbox's attention is causal"),
     "n_devices": (_never, "glassbox puts a model on one device"),
-    "scale_attn_by_inverse_layer_idx": (_never, "glassbox scales scores by 1/sqrt(d_head) only"),
-    "use_attn_scale": (_never, "glassbox scales scores by 1/sqrt(d_head)"),
-    "attn_scale": (lambda value, values: values["use_attn_scale"] and math.isclose(value, math.sqrt(values["d_head"])),
-                   "glassbox scales scores by 1/sqrt(d_head)"),
     "use_hook_tokens": (_never, "glassbox has no hook_tokens"),
     "post_embedding_ln": (_never, "glassbox has no norm after the embedding"),
     "load_in_4bit": (_never, "glassbox does not compute with quantized weights"),
     "quantization_method": (_never, "glassbox does not compute with quantized weights"),
     "relative_attention_max_distance": (_never, "glassbox has no relative attention bias"),
     "relative_attention_num_buckets": (_never, "glassbox has no relative attention bias"),
-    "use_normalization_before_and_after": (_never, "glassbox has no norm after each sublayer"),
-    "attn_scores_soft_cap": (_never, "glassbox does not soft-cap attention scores"),
-    "output_logits_soft_cap": (_never, "glassbox does not soft-cap logits"),
+    "use_normalization_before_and_after": (lambda value, values: _rms(values) and values["original_architecture"]
+                                           not in POST_NORM_ARCHITECTURES,
+                                           "TransformerLens builds its norms after each sublayer as RMSNorm only "
+                                           "(normalization_type 'RMS' or 'RMSPre'), and not with OLMo's output norms"),
     "use_attention_sinks": (_never, "glassbox has no attention sinks"),
 }
