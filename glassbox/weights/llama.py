@@ -1,10 +1,35 @@
-"""Pure converters between a ``transformers`` Llama (LlamaForCausalLM) and glassbox, both ways.
+"""Pure converters between ``transformers`` Llama 2/3 and Mistral (LlamaForCausalLM,
+MistralForCausalLM) and glassbox, both ways.
 
-Llama is pre-RMSNorm, rotary with the "half" pairing on every head dim, a SwiGLU MLP and no biases.
-HF stores nn.Linear weights as [d_out d_in]; ours right-multiply, so every matrix is transposed and
-the per-head ones are split along head * d_head (HF's head order, already permuted for the "half"
-rotation, so no reordering of dims is needed). Grouped-query attention (fewer key/value heads) and
-rope scaling are refused rather than approximated. Every tensor's shape is checked.
+Both are pre-RMSNorm, rotary with the "half" pairing on every head dim, a gated MLP (SwiGLU with
+hidden_act "silu") and one state-dict layout. HF stores nn.Linear weights as [d_out d_in]; ours
+right-multiply, so every matrix is transposed and the per-head ones are split along head * d_head
+(HF's head order, already permuted for the "half" rotation, so no reordering of dims is needed).
+Every tensor's shape is checked.
+
+What is mapped (HF -> Config):
+- num_key_value_heads -> n_key_value_heads (grouped- and multi-query attention: k_proj and v_proj
+  are [kv_head * d_head, d_model]; query head h reads kv head h // groups, as HF's repeat_kv).
+- rope_parameters (transformers 5.x): rope_theta -> rotary_base; for rope_type "linear", "dynamic",
+  "llama3" or "yarn" every other key goes into Config.rope_scaling unchanged, except: an old "type"
+  key equal to rope_type is dropped, and the dynamic type's original_max_position_embeddings is set
+  to max_position_embeddings (transformers' dynamic scaling reads that, not the dict). Any other
+  rope_type is refused by name, and so is a partial_rotary_factor other than 1 with scaling (HF's
+  Llama then builds tables narrower than its heads; without scaling it ignores the factor).
+- Llama's attention_bias (q, k, v and o projections) -> qkv_bias and attn_out_bias; mlp_bias (gate,
+  up and down) -> mlp_bias. Mistral has neither (its projections never have biases, whatever its
+  config says).
+- hidden_act: any activation glassbox computes under that name (models/activations).
+- tie_word_embeddings -> tied_unembed (no lm_head.weight then).
+- Mistral's sliding_window: None, or every layer local with window_size = sliding_window (keys less
+  than sliding_window positions back, the query's own included), in a forward pass and in cached
+  generation alike, as MistralForCausalLM does. LlamaForCausalLM ignores sliding_window in a forward
+  pass, but its generation cache keeps only that many keys, so a Llama config whose sliding_window is
+  below max_position_embeddings is refused (the two disagree); at or above it, it never acts.
+
+Export (``config_to_llama`` / ``config_to_mistral``) writes all of it back and refuses, with the
+option named, any Config either cannot represent: a windowed config is Mistral's (a Llama export
+refuses it), biases are Llama's only, and a mix of local and global layers is neither's.
 """
 
 from typing import Mapping
@@ -12,104 +37,211 @@ from typing import Mapping
 from torch import Tensor
 
 from ..models import Config
-from .gpt2 import check_shapes, expected_shapes
+from ..models.config import ACT_FNS, ROPE_TYPES
 from .checks import CONFIG_FIELDS, WEIGHT_LAYOUT
 from .family import Architecture
+from .gpt2 import check_no_extras, check_shapes, expected_shapes
 
 LLAMA_OPTIONS = dict(normalization="RMS", norm_placement="pre", positional="rotary", rotary_style="half",
-                     act_fn="silu", gated_mlp=True, use_bias=False, unembed_bias=False,
-                     parallel_attn_mlp=False)
+                     gated_mlp=True, use_bias=False, unembed_bias=False, parallel_attn_mlp=False)
+# Family options (Config fields) at the value both families compute; the exporters refuse any other.
+FIXED_OPTIONS = dict(scale_attn_by_inverse_layer_idx=False, upcast_attn=False, qk_norm=None,
+                     attn_scores_soft_cap=None, output_logits_soft_cap=None, rotary_base_local=None,
+                     norm_weight_offset=0.0, scale_embed=False, parallel_ln2=False)
+FAMILY_NAMES = {"llama": "Llama", "mistral": "Mistral"}
 
 
 def config_from_llama(hf_config) -> Config:
-    """A glassbox Config from a ``transformers.LlamaConfig`` (refusing options we do not compute)."""
-    if getattr(hf_config, "model_type", None) != "llama":
-        raise ValueError(f"expected a Llama config, got model_type={getattr(hf_config, 'model_type', None)!r}")
+    """A glassbox Config from a ``transformers.LlamaConfig`` or ``MistralConfig`` (refusing, by name,
+    options we do not compute)."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in FAMILY_NAMES:
+        raise ValueError(f"expected a Llama or Mistral config, got model_type={model_type!r}")
+    family = FAMILY_NAMES[model_type]
     heads = hf_config.num_attention_heads
-    if (hf_config.num_key_value_heads or heads) != heads:
-        raise ValueError(f"grouped-query attention (num_key_value_heads={hf_config.num_key_value_heads} "
-                         f"!= num_attention_heads={heads}) is not supported")
-    for flag in ("attention_bias", "mlp_bias"):
-        if getattr(hf_config, flag, False):
-            raise ValueError(f"Llama configs with {flag}=True are not supported")
-    if hf_config.hidden_act != "silu":
-        raise ValueError(f"Llama hidden_act {hf_config.hidden_act!r} is not supported (only 'silu')")
-    rope = dict(getattr(hf_config, "rope_parameters", None) or {})
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"rope scaling {rope.get('rope_type')!r} is not supported (only 'default')")
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    if heads % kv_heads:
+        raise ValueError(f"{family} num_key_value_heads={kv_heads} does not divide num_attention_heads={heads}")
+    if hf_config.hidden_act not in ACT_FNS:
+        raise ValueError(f"{family} hidden_act {hf_config.hidden_act!r} is not supported (glassbox computes "
+                         f"{', '.join(ACT_FNS)})")
+    rotary_base, rope_scaling = rope_from_hf(hf_config, family)
+    if model_type == "mistral":
+        attn_bias = mlp_bias = False  # MistralAttention and MistralMLP are built with bias=False
+        window = getattr(hf_config, "sliding_window", None)
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"Mistral sliding_window={window!r} must be None or a positive integer")
+    else:
+        attn_bias, mlp_bias = bool(getattr(hf_config, "attention_bias", False)), bool(getattr(hf_config, "mlp_bias", False))
+        window = getattr(hf_config, "sliding_window", None)
+        if window is not None and window < hf_config.max_position_embeddings:
+            raise ValueError(f"Llama config with sliding_window={window} (< max_position_embeddings="
+                             f"{hf_config.max_position_embeddings}) is not supported: LlamaForCausalLM attends to "
+                             "every position in a forward pass but its generation cache keeps only the last "
+                             "sliding_window keys, so transformers itself computes two different models (a "
+                             "windowed model is Mistral's: model_type='mistral')")
+        window = None  # never acts: no sequence reaches it
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
     return Config(
         d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers, n_heads=heads,
-        d_vocab=hf_config.vocab_size, n_ctx=hf_config.max_position_embeddings, d_head=head_dim,
-        d_mlp=hf_config.intermediate_size, layer_norm_eps=hf_config.rms_norm_eps,
-        init_range=hf_config.initializer_range, rotary_dim=head_dim,
-        rotary_base=float(rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))),
-        tied_unembed=bool(hf_config.tie_word_embeddings), model_name=getattr(hf_config, "name_or_path", "") or "llama",
-        **LLAMA_OPTIONS,
+        n_key_value_heads=kv_heads, d_vocab=hf_config.vocab_size, n_ctx=hf_config.max_position_embeddings,
+        d_head=head_dim, d_mlp=hf_config.intermediate_size, act_fn=hf_config.hidden_act,
+        layer_norm_eps=hf_config.rms_norm_eps, init_range=hf_config.initializer_range, rotary_dim=head_dim,
+        rotary_base=rotary_base, rope_scaling=rope_scaling, qkv_bias=attn_bias, attn_out_bias=attn_bias,
+        mlp_bias=mlp_bias, attn_types=None if window is None else ("local",) * hf_config.num_hidden_layers,
+        window_size=window, tied_unembed=bool(hf_config.tie_word_embeddings),
+        model_name=getattr(hf_config, "name_or_path", "") or model_type, **LLAMA_OPTIONS,
     )
+
+
+def rope_from_hf(hf_config, family: str) -> tuple:
+    """(rotary_base, rope_scaling) from the config's rope_parameters (or a pre-5.x rope_theta)."""
+    rope = dict(getattr(hf_config, "rope_parameters", None) or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    base = float(rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+    if rope_type == "default":
+        return base, None
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"{family} rope_parameters rope_type={rope_type!r} is not supported (glassbox computes "
+                         f"'default', {', '.join(map(repr, ROPE_TYPES))})")
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"{family} rope_parameters partial_rotary_factor={rope['partial_rotary_factor']} with "
+                         f"rope_type={rope_type!r} is not supported: transformers' {family} rotates every dim "
+                         "of a head and its scaled tables would not fit them")
+    scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    if scaling.get("type") == rope_type:
+        del scaling["type"]  # the old name of rope_type
+    if rope_type == "dynamic":  # transformers' dynamic type scales from max_position_embeddings, whatever the dict says
+        scaling["original_max_position_embeddings"] = hf_config.max_position_embeddings
+    return base, scaling
+
+
+def unrepresentable(cfg: Config, family: str) -> dict:
+    """The Config values ``family`` ("llama" or "mistral") cannot represent (empty when it can)."""
+    wrong = {k: getattr(cfg, k) for k, v in {**LLAMA_OPTIONS, **FIXED_OPTIONS}.items() if getattr(cfg, k) != v}
+    if cfg.rotary_dim != cfg.d_head:
+        wrong["rotary_dim"] = cfg.rotary_dim
+    if cfg.attn_scale is not None and cfg.attn_scale != cfg.d_head ** -0.5:
+        wrong["attn_scale"] = cfg.attn_scale  # both scale q.k by 1/sqrt(head_dim)
+    if cfg.act_fn not in ACT_FNS:
+        wrong["act_fn"] = cfg.act_fn
+    scaling = cfg.rope_scaling or {}
+    if scaling.get("rope_type") == "dynamic" and scaling.get("original_max_position_embeddings") != cfg.n_ctx:
+        # transformers' dynamic type scales from max_position_embeddings (n_ctx)
+        wrong["rope_scaling"] = scaling
+    if family == "llama":
+        if cfg.qkv_bias != cfg.attn_out_bias:  # one attention_bias flag for q, k, v and o
+            wrong.update(qkv_bias=cfg.qkv_bias, attn_out_bias=cfg.attn_out_bias)
+        if cfg.attn_types is not None and "local" in cfg.attn_types:
+            wrong.update(attn_types=cfg.attn_types, window_size=cfg.window_size)
+    else:
+        wrong.update({k: True for k in ("qkv_bias", "attn_out_bias", "mlp_bias") if getattr(cfg, k)})
+        if cfg.attn_types is not None and len(set(cfg.attn_types)) > 1:
+            wrong["attn_types"] = cfg.attn_types  # one sliding_window for every layer, or none
+    return wrong
+
+
+def _config_to(cfg: Config, family: str, needs: str):
+    import transformers
+
+    wrong = unrepresentable(cfg, family)
+    if wrong:
+        raise ValueError(f"not a {FAMILY_NAMES[family]}-architecture config: {wrong} ({FAMILY_NAMES[family]} "
+                         f"needs {LLAMA_OPTIONS}, rotary_dim == d_head, the 1/sqrt(d_head) score scale, none of "
+                         f"{sorted(FIXED_OPTIONS)}, and {needs})")
+    last = cfg.d_vocab - 1
+    rope = {"rope_type": "default"} if cfg.rope_scaling is None else dict(cfg.rope_scaling)
+    if rope["rope_type"] == "dynamic":
+        del rope["original_max_position_embeddings"]  # it is max_position_embeddings there (checked above)
+    fields = dict(
+        hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_key_value_heads, head_dim=cfg.d_head, vocab_size=cfg.d_vocab,
+        max_position_embeddings=cfg.n_ctx, intermediate_size=cfg.d_mlp, hidden_act=cfg.act_fn,
+        rms_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.init_range, tie_word_embeddings=cfg.tied_unembed,
+        rope_parameters={**rope, "rope_theta": cfg.rotary_base}, bos_token_id=min(1, last), eos_token_id=min(2, last),
+    )
+    if family == "llama":
+        return transformers.LlamaConfig(**fields, attention_bias=cfg.qkv_bias, mlp_bias=cfg.mlp_bias)
+    local = cfg.attn_types is not None and cfg.attn_types[0] == "local"
+    return transformers.MistralConfig(**fields, sliding_window=cfg.window_size if local else None)
 
 
 def config_to_llama(cfg: Config):
-    """A ``transformers.LlamaConfig`` for a Llama-architecture glassbox Config."""
-    from transformers import LlamaConfig
+    """A ``transformers.LlamaConfig`` for a Llama-architecture glassbox Config (ValueError naming what
+    Llama cannot represent otherwise)."""
+    return _config_to(cfg, "llama", "qkv_bias == attn_out_bias (one attention_bias) and no local layers "
+                                    "(a sliding window is Mistral's)")
 
-    wrong = {k: getattr(cfg, k) for k, v in LLAMA_OPTIONS.items() if getattr(cfg, k) != v}
-    if cfg.positional == "rotary" and cfg.rotary_dim != cfg.d_head:
-        wrong["rotary_dim"] = cfg.rotary_dim
-    if wrong:
-        raise ValueError(f"not a Llama-architecture config: {wrong} (Llama needs {LLAMA_OPTIONS} and "
-                         "rotary_dim == d_head)")
-    last = cfg.d_vocab - 1
-    return LlamaConfig(
-        hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_heads, head_dim=cfg.d_head, vocab_size=cfg.d_vocab,
-        max_position_embeddings=cfg.n_ctx, intermediate_size=cfg.d_mlp, rms_norm_eps=cfg.layer_norm_eps,
-        initializer_range=cfg.init_range, tie_word_embeddings=cfg.tied_unembed,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rotary_base},
-        bos_token_id=min(1, last), eos_token_id=min(2, last),
-    )
+
+def config_to_mistral(cfg: Config):
+    """A ``transformers.MistralConfig`` for a Mistral-architecture glassbox Config: sliding_window from
+    window_size when every layer is local, else None."""
+    return _config_to(cfg, "mistral", "no biases, and every layer local (sliding_window) or every layer global")
 
 
 def hf_expected_shapes(cfg: Config) -> dict:
-    D, HDh, M, V = cfg.d_model, cfg.n_heads * cfg.d_head, cfg.d_mlp, cfg.d_vocab
+    D, M, V, Dh = cfg.d_model, cfg.d_mlp, cfg.d_vocab, cfg.d_head
+    HDh, KDh = cfg.n_heads * Dh, cfg.n_key_value_heads * Dh
     shapes = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
     for L in range(cfg.n_layers):
         h = f"model.layers.{L}."
         shapes.update({
             h + "input_layernorm.weight": (D,), h + "post_attention_layernorm.weight": (D,),
-            h + "self_attn.q_proj.weight": (HDh, D), h + "self_attn.k_proj.weight": (HDh, D),
-            h + "self_attn.v_proj.weight": (HDh, D), h + "self_attn.o_proj.weight": (D, HDh),
+            h + "self_attn.q_proj.weight": (HDh, D), h + "self_attn.k_proj.weight": (KDh, D),
+            h + "self_attn.v_proj.weight": (KDh, D), h + "self_attn.o_proj.weight": (D, HDh),
             h + "mlp.gate_proj.weight": (M, D), h + "mlp.up_proj.weight": (M, D), h + "mlp.down_proj.weight": (D, M),
         })
+        if cfg.qkv_bias:
+            shapes.update({h + "self_attn.q_proj.bias": (HDh,), h + "self_attn.k_proj.bias": (KDh,),
+                           h + "self_attn.v_proj.bias": (KDh,)})
+        if cfg.attn_out_bias:
+            shapes[h + "self_attn.o_proj.bias"] = (D,)
+        if cfg.mlp_bias:
+            shapes.update({h + "mlp.gate_proj.bias": (M,), h + "mlp.up_proj.bias": (M,), h + "mlp.down_proj.bias": (D,)})
     if not cfg.tied_unembed:
         shapes["lm_head.weight"] = (V, D)
     return shapes
 
 
+# Rotary frequencies that older checkpoints saved as buffers (recomputed from the config).
+HF_IGNORED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"model\.rotary_emb\.inv_freq")
+MLP_NAMES = (("gate", "gate_proj"), ("in", "up_proj"), ("out", "down_proj"))
+
+
 def llama_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config, source: str = "Llama state dict") -> dict:
-    """HF LlamaForCausalLM state dict -> our state dict (pure: the inputs are not modified)."""
+    """HF LlamaForCausalLM / MistralForCausalLM state dict -> our state dict (pure: the inputs are not
+    modified). A tied model's lm_head.weight, if present, is not read; any other tensor the config
+    does not describe (a bias the config has no flag for, an extra layer) is refused by name."""
     sd = hf_state_dict
-    check_shapes(sd, hf_expected_shapes(cfg), source)
-    D, H, Dh = cfg.d_model, cfg.n_heads, cfg.d_head
+    expected = hf_expected_shapes(cfg)
+    check_shapes(sd, expected, source)
+    check_no_extras(sd, expected, source, HF_IGNORED + ((r"lm_head\.weight",) if cfg.tied_unembed else ()))
+    D, Dh = cfg.d_model, cfg.d_head
+    heads = {"q": cfg.n_heads, "k": cfg.n_key_value_heads, "v": cfg.n_key_value_heads}
     out = {"embed.W_E": sd["model.embed_tokens.weight"], "ln_final.w": sd["model.norm.weight"]}
     for L in range(cfg.n_layers):
         h, p = f"model.layers.{L}.", f"blocks.{L}."
         for name, proj in zip("QKV", "qkv"):
-            # [head*d_head d_model] -> [head d_model d_head]
-            out[p + f"attn.W_{name}"] = sd[h + f"self_attn.{proj}_proj.weight"].reshape(H, Dh, D).transpose(1, 2)
-        out.update({
-            p + "attn.W_O": sd[h + "self_attn.o_proj.weight"].T.reshape(H, Dh, D),
-            p + "ln1.w": sd[h + "input_layernorm.weight"], p + "ln2.w": sd[h + "post_attention_layernorm.weight"],
-            p + "mlp.W_gate": sd[h + "mlp.gate_proj.weight"].T, p + "mlp.W_in": sd[h + "mlp.up_proj.weight"].T,
-            p + "mlp.W_out": sd[h + "mlp.down_proj.weight"].T,
-        })
+            # [head*d_head d_model] -> [head d_model d_head] (kv_head for K and V)
+            weight = sd[h + f"self_attn.{proj}_proj.weight"]
+            out[p + f"attn.W_{name}"] = weight.reshape(heads[proj], Dh, D).transpose(1, 2)
+            if cfg.qkv_bias:
+                out[p + f"attn.b_{name}"] = sd[h + f"self_attn.{proj}_proj.bias"].reshape(heads[proj], Dh)
+        out[p + "attn.W_O"] = sd[h + "self_attn.o_proj.weight"].T.reshape(cfg.n_heads, Dh, D)
+        if cfg.attn_out_bias:
+            out[p + "attn.b_O"] = sd[h + "self_attn.o_proj.bias"]
+        out.update({p + "ln1.w": sd[h + "input_layernorm.weight"], p + "ln2.w": sd[h + "post_attention_layernorm.weight"]})
+        for ours, theirs in MLP_NAMES:
+            out[p + f"mlp.W_{ours}"] = sd[h + f"mlp.{theirs}.weight"].T
+            if cfg.mlp_bias:
+                out[p + f"mlp.b_{ours}"] = sd[h + f"mlp.{theirs}.bias"]
     if not cfg.tied_unembed:
         out["unembed.W_U_T"] = sd["lm_head.weight"]
     return out
 
 
 def glassbox_to_llama(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
-    """Our state dict -> HF LlamaForCausalLM state dict (contiguous tensors)."""
+    """Our state dict -> HF LlamaForCausalLM / MistralForCausalLM state dict (contiguous tensors)."""
     sd = state_dict
     check_shapes(sd, expected_shapes(cfg), "glassbox state dict")
     D = cfg.d_model
@@ -118,15 +250,23 @@ def glassbox_to_llama(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
         h, p = f"model.layers.{L}.", f"blocks.{L}."
         for name, proj in zip("QKV", "qkv"):
             out[h + f"self_attn.{proj}_proj.weight"] = sd[p + f"attn.W_{name}"].transpose(1, 2).reshape(-1, D)
-        out.update({
-            h + "self_attn.o_proj.weight": sd[p + "attn.W_O"].reshape(-1, D).T,
-            h + "input_layernorm.weight": sd[p + "ln1.w"], h + "post_attention_layernorm.weight": sd[p + "ln2.w"],
-            h + "mlp.gate_proj.weight": sd[p + "mlp.W_gate"].T, h + "mlp.up_proj.weight": sd[p + "mlp.W_in"].T,
-            h + "mlp.down_proj.weight": sd[p + "mlp.W_out"].T,
-        })
+            if cfg.qkv_bias:
+                out[h + f"self_attn.{proj}_proj.bias"] = sd[p + f"attn.b_{name}"].reshape(-1)
+        out[h + "self_attn.o_proj.weight"] = sd[p + "attn.W_O"].reshape(-1, D).T
+        if cfg.attn_out_bias:
+            out[h + "self_attn.o_proj.bias"] = sd[p + "attn.b_O"]
+        out.update({h + "input_layernorm.weight": sd[p + "ln1.w"], h + "post_attention_layernorm.weight": sd[p + "ln2.w"]})
+        for ours, theirs in MLP_NAMES:
+            out[h + f"mlp.{theirs}.weight"] = sd[p + f"mlp.W_{ours}"].T
+            if cfg.mlp_bias:
+                out[h + f"mlp.{theirs}.bias"] = sd[p + f"mlp.b_{ours}"]
     out["lm_head.weight"] = sd["unembed.W_U_T"] if not cfg.tied_unembed else sd["embed.W_E"]
     return {k: v.contiguous() for k, v in out.items()}
 
 
-FAMILIES = [Architecture("llama", "LlamaConfig", "LlamaForCausalLM", config_from_llama, llama_to_glassbox, config_to_llama, glassbox_to_llama,
-                         CONFIG_FIELDS["llama"], WEIGHT_LAYOUT["llama"])]
+FAMILIES = [
+    Architecture("llama", "LlamaConfig", "LlamaForCausalLM", config_from_llama, llama_to_glassbox, config_to_llama,
+                 glassbox_to_llama, CONFIG_FIELDS["llama"], WEIGHT_LAYOUT["llama"]),
+    Architecture("mistral", "MistralConfig", "MistralForCausalLM", config_from_llama, llama_to_glassbox,
+                 config_to_mistral, glassbox_to_llama, CONFIG_FIELDS["mistral"], WEIGHT_LAYOUT["mistral"]),
+]
