@@ -214,11 +214,17 @@ def test_an_architecture_glassbox_cannot_build_is_refused_by_name(cache):
 
     cache_hf_model(cache, "org/bert-ish", hf, edit_config=bert)
     cache_hf_model(cache, "org/mystery", hf, edit_config=mystery)
-    with pytest.raises(ValueError, match=r"config.json describes model_type='bert' \(architectures=\['BertForMaskedLM'\]\)"
-                                         r"; glassbox converts gpt2, .*llama"):
+    with pytest.raises(ValueError, match=r"config.json \(the snapshot of 'org/bert-ish'\) describes model_type='bert' "
+                                         r"\(architectures=\['BertForMaskedLM'\]\); glassbox converts gpt2, .*llama"):
         from_pretrained("org/bert-ish")
     with pytest.raises(ValueError, match=r"model_type='mystery' \(architectures=\['MysteryForCausalLM'\]\)"):
         config_of("org/mystery")
+
+
+def test_a_config_contradicting_its_weights_names_the_repo_id(cache):
+    cache_hf_model(cache, "org/wrong-depth", tiny_gpt2(), edit_config=lambda c: {**c, "n_layer": 3})
+    with pytest.raises(ValueError, match=r"config.json \(the snapshot of 'org/wrong-depth'\).*n_layer"):
+        from_pretrained("org/wrong-depth")
 
 
 def test_a_known_model_type_is_not_overridden_by_contradicting_architectures(cache):
@@ -240,10 +246,17 @@ def test_a_repo_id_missing_from_the_offline_cache_names_it_and_the_cache(cache):
         from_pretrained("org/absent")
     message = str(info.value)
     assert "'org/absent'" in message and str(cache / "models--org--absent") in message
-    assert "HF_HUB_OFFLINE is set" in message
+    assert "HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set" in message
     assert isinstance(info.value, ValueError) and isinstance(info.value, OSError)  # what callers catch today
     with pytest.raises(ModelNotFoundError, match="'bare-absent'.*models--bare-absent"):
         config_of("bare-absent")
+
+
+def test_a_partial_snapshot_names_what_it_lacks(cache):
+    snapshot = write_hub_cache(cache, "org/config-only", {"config.json": tiny_gpt2().config.to_json_string().encode()})
+    with pytest.raises(FileNotFoundError, match=rf"no weights in {snapshot}"):
+        from_pretrained("org/config-only")
+    assert config_of("org/config-only").d_model == TINY["n_embd"]  # the config alone is enough for config_of
 
 
 def test_an_unreachable_hub_is_named(cache, monkeypatch):

@@ -161,8 +161,10 @@ def hub_snapshot(repo_id: str, files) -> Path:
 def _not_found(repo_id: str, cache: Path, offline: bool, err: Exception) -> str:
     kinds = {cls.__name__ for cls in type(err).__mro__}
     first = (str(err).strip().splitlines() or [""])[0][:300]
-    if offline:
-        why = "HF_HUB_OFFLINE is set, so the hub was not asked"
+    if "IncompleteSnapshotError" in kinds:
+        why = f"its cached snapshot is incomplete ({first})"
+    elif offline:
+        why = "HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set, so the hub was not asked"
     elif "GatedRepoError" in kinds:
         why = f"the hub says the repo is gated: accept its terms and log in (hf auth login) ({first})"
     elif "RepositoryNotFoundError" in kinds:
@@ -236,17 +238,22 @@ def config_of(name_or_path) -> Config:
     when it is not cached)."""
     if str(name_or_path) in HUB_MODELS and not Path(str(name_or_path)).expanduser().is_dir():
         return hub_config(str(name_or_path)).replace(model_name=str(name_or_path))
-    folder = resolve(name_or_path, files=["config.json"])
-    hf_config, model_type, arch = _folder_config(folder)
-    return _config_from(arch, hf_config, folder, _model_name(name_or_path))
+    folder, name = resolve(name_or_path, files=["config.json"]), _model_name(name_or_path)
+    hf_config, model_type, arch = _folder_config(folder, name)
+    return _config_from(arch, hf_config, folder, name)
 
 
-def _folder_config(folder: Path) -> tuple:
+def _source(folder: Path, model_name: Optional[str]) -> str:
+    """How errors name a folder's config.json: with the repo id a hub snapshot was loaded by."""
+    return str(folder / "config.json") + (f" (the snapshot of {model_name!r})" if model_name else "")
+
+
+def _folder_config(folder: Path, model_name: Optional[str] = None) -> tuple:
     """(hf_config, model_type, architecture) of a folder, its config.json's fields checked."""
     import transformers
 
     config = read_config(folder)
-    source = str(folder / "config.json")
+    source = _source(folder, model_name)
     model_type = config.get("model_type")
     arch = _architecture(config, source)
     check_config_fields(config, arch.config_fields, source)
@@ -280,7 +287,7 @@ def _config_from(arch, hf_config, folder: Path, model_name: Optional[str] = None
     try:
         return arch.config_from(hf_config).replace(model_name=model_name or folder.name)
     except ValueError as err:
-        raise ValueError(f"{folder / 'config.json'}: {err}") from err
+        raise ValueError(f"{_source(folder, model_name)}: {err}") from err
 
 
 def load_folder(folder: Path, device=None, dtype: Union[torch.dtype, str] = torch.float32,
@@ -288,9 +295,9 @@ def load_folder(folder: Path, device=None, dtype: Union[torch.dtype, str] = torc
     """A Hugging Face folder of an architecture glassbox converts -> HookedTransformer (``model_name``
     defaults to the folder's name); errors name the file or tensor."""
     folder = Path(folder)
-    source = str(folder / "config.json")
+    source = _source(folder, model_name)
     as_dtype(dtype)
-    hf_config, model_type, arch = _folder_config(folder)
+    hf_config, model_type, arch = _folder_config(folder, model_name)
     weights = weights_file(folder)
     # A PyTorch checkpoint has no header to read shapes from: it is read once, here.
     tensors = read_state_dict(folder) if weights.name == PYTORCH_BIN else None
