@@ -18,6 +18,39 @@ seen so far, grows (doubling, up to n_ctx) when a longer sequence comes, and kee
 builds as fast as one of 1024; row p is the same number whichever size the table has (each row is
 computed from p alone, and a test checks the bits).
 
+Rope scaling (``Config.rope_scaling``, the ``scaling`` of a ``RotaryTable``) follows transformers
+5.x's rope types exactly, in float64: a dict with Hugging Face's key names,
+- {"rope_type": "linear", "factor"}: every frequency divided by factor;
+- {"rope_type": "dynamic", "factor", "original_max_position_embeddings"}: NTK scaling, the base
+  raised for the current sequence length s > original: base * (factor s / original - (factor - 1))
+  ** (r / (r - 2));
+- {"rope_type": "llama3", "factor", "original_max_position_embeddings", "low_freq_factor",
+  "high_freq_factor"}: long wavelengths slowed by factor, short ones kept, those between blended;
+- {"rope_type": "yarn", "factor", "original_max_position_embeddings", optional "attention_factor",
+  "beta_fast" (32), "beta_slow" (1), "mscale", "mscale_all_dim", "truncate" (True)}: frequencies
+  blended between kept and slowed over a ramp of pairs, and cos and sin multiplied by the attention
+  factor (so q.k by its square; dims past rotary_dim are not scaled), as transformers does.
+A missing or unknown key, or a bad value, raises ValueError naming the key and the rope_type.
+
+The rule for what transformers derives from the rest of its config: nothing is derived here, and
+nothing from n_ctx (which only limits positions). original_max_position_embeddings is required
+where it is used: for yarn and llama3 it is the key transformers fills from max_position_embeddings
+when absent; for dynamic it is the length transformers' dynamic scaling starts after, its config's
+max_position_embeddings (a converter writes it; n_ctx can then exceed it, as the positions
+transformers accepts do). "rope_theta" and "partial_rotary_factor" are refused in the dict: they are
+Config.rotary_base and Config.rotary_dim (the table's ``base`` and ``rotary_dim``).
+
+The dynamic type has state, as transformers' rotary embedding does (one table per model, shared by
+its layers): each forward's sequence length is max(position id) + 1; longer than the length the
+current frequencies are for, they are recomputed for it; shorter than
+original_max_position_embeddings after a longer one, they reset to the original ones; otherwise
+they are kept (a forward of 20 positions after one of 30 uses the 30-position frequencies). Keys in
+a key-value cache keep the rotation they were stored with, so greedy generation with a cache equals
+transformers' generate with its cache (and differs from recomputing without one, past the
+original length). Footguns: the state is the model's, not the call's (copy the model, or run a
+short sequence, to reset it); forwards of one model on several threads with lengths past the
+original race for it; a forward that raises has updated it already, as in transformers.
+
 Footgun: a caller of the attention itself (not the model) must pass ``past``, the number of cached
 positions, so that the table covers every position id; the model does.
 """
@@ -86,7 +119,9 @@ def check_rope_scaling(scaling, rotary_dim: int, base: float) -> None:
             raise ValueError(f"{where}: unknown key {key!r}; the keys are {sorted(required | optional)}")
     missing = sorted(required - set(scaling))
     if missing:
-        raise ValueError(f"{where}: missing key {missing[0]!r}; required are {sorted(required)}")
+        hint = (" (for 'dynamic': transformers' max_position_embeddings, the length its scaling starts "
+                "after; Config.n_ctx only limits the positions)") if rope_type == "dynamic" else ""
+        raise ValueError(f"{where}: missing key {missing[0]!r}{hint}; required are {sorted(required)}")
 
     def refuse(key, why):
         raise ValueError(f"{where}: {key}={scaling[key]!r} {why}")
