@@ -207,3 +207,97 @@ def test_every_allowed_step_together_keeps_predictions(option):
     assert processed.processing == tuple(s for s in ALL_STEPS if s in steps)
     assert processed.cfg == config_for(processed.state_dict(), model.cfg)
     assert_invariant(model, processed, steps)
+
+
+# -- the folds themselves, by hand -----------------------------------------------------------------
+def test_grouped_query_folds_per_kv_head_and_sums_each_query_heads_value_bias():
+    model = model_for("grouped_query")  # 4 query heads, 2 kv heads: query head h reads kv head h // 2
+    old = model.state_dict()
+    folded = fold_ln(old, model.cfg)
+    w, b = old["blocks.0.ln1.w"], old["blocks.0.ln1.b"]
+    assert folded["blocks.0.attn.W_K"].shape == old["blocks.0.attn.W_K"].shape == (2, 22, 5)
+    for g in range(2):
+        for key in ("K", "V"):
+            W = old[f"blocks.0.attn.W_{key}"][g]
+            # measured 0 (exact here), bound 1e-15
+            torch.testing.assert_close(folded[f"blocks.0.attn.W_{key}"][g], w[:, None] * W, atol=1e-15, rtol=0)
+            # measured 0 (the same products; values up to 0.71), bound 1e-15
+            torch.testing.assert_close(folded[f"blocks.0.attn.b_{key}"][g], old[f"blocks.0.attn.b_{key}"][g] + b @ W,
+                                       atol=1e-15, rtol=0)
+    out = fold_value_biases(old, model.cfg)
+    expected = old["blocks.0.attn.b_O"].clone()
+    for h in range(4):
+        expected += old["blocks.0.attn.b_V"][h // 2] @ old["blocks.0.attn.W_O"][h]
+    # measured 1.1e-16 (values up to 0.95), bound 1.5e-15: 14x
+    torch.testing.assert_close(out["blocks.0.attn.b_O"], expected, atol=1.5e-15, rtol=0)
+    assert not out["blocks.0.attn.b_V"].any()
+
+
+@pytest.mark.parametrize("offset", [1.0, 0.5])
+def test_norm_weight_offset_folds_offset_plus_w_and_keeps_the_config(offset):
+    cfg = config("norm_weight_offset").replace(norm_weight_offset=offset)
+    model = perturbed(cfg, seed=7)
+    old = model.state_dict()
+    processed = process(model, fold_ln=True)
+    new = processed.state_dict()
+    # The folded norms' effective weight offset + w is 1: Gemma's w = 0, exactly.
+    for key in ("blocks.0.ln1.w", "blocks.0.ln2.w", "ln_final.w"):
+        assert torch.equal(new[key], torch.full_like(old[key], 1 - offset)), key
+    assert processed.cfg == cfg.replace(tied_unembed=False) and processed.cfg.norm_weight_offset == offset
+    w = offset + old["blocks.0.ln1.w"]
+    # measured 0 (exact here), bound 1e-15
+    torch.testing.assert_close(new["blocks.0.attn.W_Q"], old["blocks.0.attn.W_Q"] * w[None, :, None], atol=1e-15, rtol=0)
+    w2 = offset + old["blocks.0.ln2.w"]
+    torch.testing.assert_close(new["blocks.0.mlp.W_gate"], old["blocks.0.mlp.W_gate"] * w2[:, None], atol=1e-15, rtol=0)
+    assert_invariant(model, processed, dict(fold_ln=True))
+    twice = fold_ln(new, processed.cfg)  # idempotent: the effective weight is 1 already
+    for key, value in new.items():
+        # measured 0 (values up to 2.1), bound 1e-15
+        torch.testing.assert_close(twice[key], value, atol=1e-15, rtol=0, msg=lambda m: f"{key}: {m}")
+
+
+def test_sandwich_folds_the_input_norms_and_keeps_the_post_norms():
+    model = model_for("sandwich_rms_offset")
+    old, new = model.state_dict(), process(model, fold_ln=True).state_dict()
+    for key in ("blocks.0.ln1_post.w", "blocks.0.ln2_post.w"):
+        assert torch.equal(new[key], old[key]), f"{key} reads a sublayer's output: nothing to fold it into"
+    # measured 0 (exact here), bound 1e-15
+    torch.testing.assert_close(new["blocks.0.mlp.W_in"], old["blocks.0.mlp.W_in"] * (1 + old["blocks.0.ln2.w"])[:, None],
+                               atol=1e-15, rtol=0)
+
+
+@pytest.mark.parametrize("option", ["output_norms_rms", "output_norms_ln"])
+def test_output_norms_fold_only_ln_final(option):
+    model = model_for(option)
+    old, new = model.state_dict(), process(model, fold_ln=True).state_dict()
+    for key, value in old.items():
+        if key.startswith("blocks."):
+            assert torch.equal(new[key], value), f"{key}: only ln_final reads the residual stream"
+    w = old["ln_final.w"]
+    # measured 0 (exact here), bound 1e-15
+    torch.testing.assert_close(new["unembed.W_U_T"], old["embed.W_E"] * w, atol=1e-15, rtol=0)
+
+
+def test_parallel_ln2_folds_ln1_into_the_attention_and_ln2_into_the_mlp():
+    model = model_for("parallel_ln2")
+    old, new = model.state_dict(), process(model, fold_ln=True).state_dict()
+    w1, b1, w2, b2 = (old[f"blocks.0.ln{i}.{p}"] for i in (1, 2) for p in ("w", "b"))
+    # measured 0 (exact here), bound 1e-15
+    torch.testing.assert_close(new["blocks.0.attn.W_V"], old["blocks.0.attn.W_V"] * w1[None, :, None], atol=1e-15, rtol=0)
+    torch.testing.assert_close(new["blocks.0.mlp.W_in"], old["blocks.0.mlp.W_in"] * w2[:, None], atol=1e-15, rtol=0)
+    b_Q = old["blocks.0.attn.b_Q"] + torch.einsum("d,hde->he", b1, old["blocks.0.attn.W_Q"])
+    # measured 0 (the same products), bound 1e-15
+    torch.testing.assert_close(new["blocks.0.attn.b_Q"], b_Q, atol=1e-15, rtol=0)
+    # measured 0 (the same products; values up to 1.6), bound 1e-15
+    torch.testing.assert_close(new["blocks.0.mlp.b_in"], old["blocks.0.mlp.b_in"] + b2 @ old["blocks.0.mlp.W_in"],
+                               atol=1e-15, rtol=0)
+
+
+@pytest.mark.parametrize("part,option", [("attn", "qkv_bias"), ("mlp", "mlp_bias")])
+def test_a_layernorm_bias_without_reader_biases_is_refused_untouched(part, option):
+    model = perturbed(Config(**SIZES, **{option: False}), seed=5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=rf"fold_ln cannot fold blocks.0.ln[12].b into blocks.0.{part}.W_\w+: the "
+                                         rf"model has no blocks.0.{part}.b_\w+ \(Config.{option}=False"):
+        process(model, fold_ln=True)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
