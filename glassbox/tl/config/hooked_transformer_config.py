@@ -3,9 +3,18 @@
 ``HookedTransformerConfig(**tl_kwargs)`` takes every field of TransformerLens 3.9's dataclass, with its
 defaults (``act_fn="relu"``, ``positional_embedding_type="standard"``, ``d_head`` required, ``n_heads``
 derived as ``d_model // d_head``...), and builds the glassbox ``Config`` that computes the same model
-(``cfg.glassbox``). Options glassbox cannot compute (shortformer or alibi positions, local attention,
-grouped-query heads, soft caps, a final RMSNorm under LayerNorm blocks, ...) are refused with a
-``ValueError`` naming the field and value; an unknown field is a ``TypeError``, as for the dataclass.
+(``cfg.glassbox``). Today's families map onto glassbox's options where the meaning is the same
+(``family_options``; the list is in ``fields.py``): grouped-query heads, q/k norms, the score divisor,
+soft caps, local layers, norms after the sublayers, OLMo's output norms, rope scaling. Options glassbox
+cannot compute (shortformer or alibi positions, Qwen-1's dynamic NTK, mixture-of-experts, a final
+RMSNorm under LayerNorm blocks, ...) are refused with a ``ValueError`` naming the field and value; an
+unknown field is a ``TypeError``, as for the dataclass.
+
+Fields both configs name but read differently hold TransformerLens's value here (``n_key_value_heads``
+None without grouping, ``attn_scale`` the divisor, soft caps -1.0 when off); glassbox's derived values
+(``n_kv_groups``, ``layer_attn_type``, ``layer_attn_scale``) and ``cfg.glassbox`` give glassbox's.
+TransformerLens's parallel block reads its own ln2 (GPT-NeoX's), so ``parallel_attn_mlp`` builds
+glassbox's parallel block with ``parallel_ln2``.
 
 Reading: every TransformerLens field (``cfg.d_vocab_out``, ``cfg.n_params``, ``cfg.attn_scale``...),
 and every glassbox field and method (``cfg.normalization``, ``cfg.positional``, ``cfg.replace``): the
