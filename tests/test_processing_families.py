@@ -27,7 +27,8 @@ TWO_LAYERS = dict(n_layers=2)  # for options that differ by layer (inverse-layer
 # Options that no step refuses share a model (the score options; the rotary ones) to keep the file fast.
 OPTIONS = {
     "grouped_query": dict(n_key_value_heads=2),
-    "multi_query_rms_gated": dict(n_key_value_heads=1, **RMS, gated_mlp=True, act_fn="silu"),
+    "multi_query_rms_gated_ungrouped": dict(n_key_value_heads=1, **RMS, gated_mlp=True, act_fn="silu",
+                                            ungroup_grouped_query_attention=True),
     "qkv_bias_without_attn_out_bias": dict(**RMS, use_bias=False, qkv_bias=True),
     "norm_weight_offset": dict(**RMS, norm_weight_offset=1.0, act_fn="gelu_new", gated_mlp=True),
     "qk_norm_head": dict(**RMS, qk_norm="head", n_key_value_heads=2),
@@ -246,7 +247,8 @@ def test_norm_weight_offset_folds_offset_plus_w_and_keeps_the_config(offset):
     assert processed.cfg == cfg.replace(tied_unembed=False) and processed.cfg.norm_weight_offset == offset
     w = offset + old["blocks.0.ln1.w"]
     # measured 0 (exact here), bound 1e-15
-    torch.testing.assert_close(new["blocks.0.attn.W_Q"], old["blocks.0.attn.W_Q"] * w[None, :, None], atol=1e-15, rtol=0)
+    torch.testing.assert_close(new["blocks.0.attn.W_Q"], old["blocks.0.attn.W_Q"] * w[None, :, None],
+                               atol=1e-15, rtol=0)
     w2 = offset + old["blocks.0.ln2.w"]
     torch.testing.assert_close(new["blocks.0.mlp.W_gate"], old["blocks.0.mlp.W_gate"] * w2[:, None], atol=1e-15, rtol=0)
     assert_invariant(model, processed, dict(fold_ln=True))
@@ -262,8 +264,8 @@ def test_sandwich_folds_the_input_norms_and_keeps_the_post_norms():
     for key in ("blocks.0.ln1_post.w", "blocks.0.ln2_post.w"):
         assert torch.equal(new[key], old[key]), f"{key} reads a sublayer's output: nothing to fold it into"
     # measured 0 (exact here), bound 1e-15
-    torch.testing.assert_close(new["blocks.0.mlp.W_in"], old["blocks.0.mlp.W_in"] * (1 + old["blocks.0.ln2.w"])[:, None],
-                               atol=1e-15, rtol=0)
+    w2 = 1 + old["blocks.0.ln2.w"]
+    torch.testing.assert_close(new["blocks.0.mlp.W_in"], old["blocks.0.mlp.W_in"] * w2[:, None], atol=1e-15, rtol=0)
 
 
 @pytest.mark.parametrize("option", ["output_norms_rms", "output_norms_ln"])
@@ -283,7 +285,8 @@ def test_parallel_ln2_folds_ln1_into_the_attention_and_ln2_into_the_mlp():
     old, new = model.state_dict(), process(model, fold_ln=True).state_dict()
     w1, b1, w2, b2 = (old[f"blocks.0.ln{i}.{p}"] for i in (1, 2) for p in ("w", "b"))
     # measured 0 (exact here), bound 1e-15
-    torch.testing.assert_close(new["blocks.0.attn.W_V"], old["blocks.0.attn.W_V"] * w1[None, :, None], atol=1e-15, rtol=0)
+    torch.testing.assert_close(new["blocks.0.attn.W_V"], old["blocks.0.attn.W_V"] * w1[None, :, None],
+                               atol=1e-15, rtol=0)
     torch.testing.assert_close(new["blocks.0.mlp.W_in"], old["blocks.0.mlp.W_in"] * w2[:, None], atol=1e-15, rtol=0)
     b_Q = old["blocks.0.attn.b_Q"] + torch.einsum("d,hde->he", b1, old["blocks.0.attn.W_Q"])
     # measured 0 (the same products), bound 1e-15
