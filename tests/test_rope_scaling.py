@@ -35,7 +35,7 @@ import torch
 
 from conftest import perturb_vectors
 from glassbox.models import HookedTransformer
-from glassbox.models.positional import RotaryTable
+from glassbox.models.positional import RotaryTable, rope_parameters_for_hf, rope_scaling_from_hf
 from glassbox.weights.llama import config_from_llama, llama_to_glassbox
 
 SIZES = dict(hidden_size=21, num_attention_heads=3, head_dim=12, intermediate_size=37, vocab_size=29,
@@ -264,6 +264,46 @@ def test_greedy_generation_equals_transformers_generate(name):
         _, recomputed = ours.generate(tokens, NEW, attention_mask=mask, eos_token_id=None, output_logits=True,
                                       use_past_kv_cache=False)
         assert max_err(recomputed[:, -1], logits[:, -1]) > 1e-3  # measured 4.5
+
+
+# -- transformers' rope_parameters, both ways ---------------------------------------------------
+@pytest.mark.parametrize("name", CASES)
+def test_rope_parameters_map_to_rope_scaling_and_back(name):
+    """From a config's (standardized) rope_parameters to rope_scaling, and back to a config whose
+    rotary embedding computes transformers' original tables bit for bit."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    original = hf_config(name)
+    scaling = rope_scaling_from_hf(original.rope_parameters, original.max_position_embeddings)
+    assert scaling == glassbox_scaling(name)
+    params, max_positions = rope_parameters_for_hf(scaling, BASE)
+    assert (max_positions is not None) == (name == "dynamic")
+    back = LlamaConfig(**SIZES, max_position_embeddings=max_positions or 99, rope_parameters=params)
+    theirs, again = LlamaRotaryEmbedding(original), LlamaRotaryEmbedding(back)
+    for length in LENGTHS:
+        x, positions = torch.zeros(1, length, ROTARY_DIM), torch.arange(length)[None]
+        assert all(torch.equal(a, b) for a, b in zip(theirs(x, positions), again(x, positions))), length
+
+
+def test_rope_parameters_mapping_fills_and_refuses_as_transformers_reads_them():
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    assert rope_scaling_from_hf(None, 11) is None
+    assert rope_scaling_from_hf({"rope_type": "default", "rope_theta": 5.0}, 11) is None
+    assert rope_scaling_from_hf({"type": "linear", "factor": 2.0, "partial_rotary_factor": 1.0}, 11) == {
+        "rope_type": "linear", "factor": 2.0}
+    assert rope_scaling_from_hf({"rope_type": "yarn", "factor": 2.0}, 32) == {
+        "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32}
+    # transformers' dynamic scaling starts after max_position_embeddings whatever the dict says:
+    stated = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 5}
+    assert rope_scaling_from_hf(stated, 11)["original_max_position_embeddings"] == 11
+    emb = LlamaRotaryEmbedding(LlamaConfig(**SIZES, max_position_embeddings=11, rope_parameters=stated))
+    emb(torch.zeros(1, 9, ROTARY_DIM), torch.arange(9)[None])
+    assert emb.max_seq_len_cached == 11  # 9 > 5 positions did not scale
+    with pytest.raises(ValueError, match=r"partial_rotary_factor=0.5 \(rope_type 'llama3'\) is Config.rotary_dim"):
+        rope_scaling_from_hf({"rope_type": "llama3", "factor": 2.0, "partial_rotary_factor": 0.5}, 11)
 
 
 # -- the table: growth, sharing, casts ---------------------------------------------------------

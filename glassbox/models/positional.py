@@ -159,6 +159,42 @@ def check_rope_scaling(scaling, rotary_dim: int, base: float) -> None:
                              f"{scaling.get('mscale_all_dim')!r} give the attention factor {factor!r}, not > 0")
 
 
+def rope_scaling_from_hf(rope_parameters: Optional[dict], max_position_embeddings: int) -> Optional[dict]:
+    """``Config.rope_scaling`` for a transformers config's rope_parameters: None for the "default"
+    type; else the dict without rope_theta (Config.rotary_base) and a partial_rotary_factor of 1
+    (another value is refused: it is Config.rotary_dim, which the caller sets), "type" read as
+    "rope_type", and original_max_position_embeddings as transformers reads it: for yarn and llama3
+    the dict's, else max_position_embeddings; for dynamic always max_position_embeddings (transformers'
+    dynamic scaling ignores the dict's). The dict is validated when a model is built."""
+    scaling = dict(rope_parameters or {})
+    if "type" in scaling:
+        scaling.setdefault("rope_type", scaling.pop("type"))
+    rope_type = scaling.get("rope_type", "default")
+    if rope_type == "default":
+        return None
+    scaling.pop("rope_theta", None)
+    if scaling.pop("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"rope_parameters partial_rotary_factor={rope_parameters['partial_rotary_factor']!r} "
+                         f"(rope_type {rope_type!r}) is Config.rotary_dim; map it there and drop it from the dict")
+    if rope_type == "dynamic":
+        scaling["original_max_position_embeddings"] = max_position_embeddings
+    elif rope_type in ("yarn", "llama3"):
+        scaling.setdefault("original_max_position_embeddings", max_position_embeddings)
+    return scaling
+
+
+def rope_parameters_for_hf(scaling: Optional[dict], base: float) -> tuple:
+    """(transformers' rope_parameters, the max_position_embeddings it needs or None) for
+    ``Config.rope_scaling`` and rotary_base: the dynamic type's original_max_position_embeddings is
+    transformers' max_position_embeddings (the length its scaling starts after), not a dict key."""
+    if scaling is None:
+        return {"rope_type": "default", "rope_theta": base}, None
+    params = {**scaling, "rope_theta": base}
+    if params["rope_type"] == "dynamic":
+        return params, params.pop("original_max_position_embeddings")
+    return params, None
+
+
 def yarn_attention_factor(scaling: dict) -> float:
     """The factor on yarn's cos and sin: ``attention_factor`` if given, else 0.1 ln(factor) + 1
     (with mscale and mscale_all_dim both set and nonzero: the ratio of that with each as the weight)."""
@@ -311,7 +347,9 @@ class RotaryTable:
                 freq_len, changed = new_len, True
                 inv_freq, factor = rope_frequencies(self.rotary_dim, self.base, self.scaling, freq_len)
         if length > rows or changed:
-            if length > rows:
+            if changed:  # rebuilt anyway at the next change: no room to grow into
+                rows = max(length, min(self.n_ctx, self.MIN_ROWS))
+            elif length > rows:
                 rows = max(length, min(self.n_ctx, max(2 * rows, self.MIN_ROWS)))
             cos64, sin64 = rotary_tables(rows, inv_freq, factor)
             cast = {}
