@@ -19,7 +19,7 @@ def record_all(model, tokens):
 @pytest.mark.parametrize("fields,message", [
     (dict(d_model=16, n_heads=3), "d_model=16 is not divisible by n_heads=3"),
     (dict(n_layers=0), "n_layers must be a positive int"),
-    (dict(act_fn="gelu_fast"), "act_fn must be one of"),
+    (dict(act_fn="prelu"), "act_fn must be one of"),
     (dict(layer_norm_eps=0.0), "layer_norm_eps must be > 0"),
     (dict(d_vocab=-3), "d_vocab must be a positive int, got -3"),
 ])

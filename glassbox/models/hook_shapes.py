@@ -146,16 +146,22 @@ def hook_shape(name: str, flags=None, cfg=None) -> str:
 
 def _grouped(cfg, flags, pattern: str) -> bool:
     """Whether this hook has the kv_head axis (fewer heads than the queries) in this model."""
-    if cfg is None or cfg.n_key_value_heads == cfg.n_heads or cfg.ungroup_grouped_query_attention:
+    if cfg is None or _kv_heads(cfg) == cfg.n_heads or cfg.ungroup_grouped_query_attention:
         return False
     if flags is not None and flags.use_attn_in and "input" not in pattern:
         return False  # each query head's own input gives each query head its own keys and values
     return True
 
 
+def _kv_heads(cfg) -> int:
+    # a TransformerLens-style config reads None for "as many as the query heads"
+    return cfg.n_key_value_heads or cfg.n_heads
+
+
 def axis_sizes(cfg, batch: int, pos: int) -> dict:
     """Every axis name of HOOK_SHAPES -> its size in a model of ``cfg`` run on [batch pos] tokens."""
+    kv_heads = _kv_heads(cfg)
     return {"batch": batch, "pos": pos, "query_pos": pos, "key_pos": pos, "head": cfg.n_heads,
-            "kv_head": cfg.n_key_value_heads, "d_model": cfg.d_model, "d_head": cfg.d_head, "d_mlp": cfg.d_mlp,
-            "d_vocab": cfg.d_vocab, "d_q": cfg.n_heads * cfg.d_head, "d_kv": cfg.n_key_value_heads * cfg.d_head,
+            "kv_head": kv_heads, "d_model": cfg.d_model, "d_head": cfg.d_head, "d_mlp": cfg.d_mlp,
+            "d_vocab": cfg.d_vocab, "d_q": cfg.n_heads * cfg.d_head, "d_kv": kv_heads * cfg.d_head,
             "layer": cfg.n_layers}
