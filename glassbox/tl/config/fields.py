@@ -17,8 +17,9 @@ sublayer ("sandwich"), OLMo 2/3's output norms and q/k norms over all heads (Tra
 Gemma norms store 1 + w, so glassbox builds them with no weight offset.
 """
 
-import math
+from typing import Any, Dict
 
+import numpy as np
 import torch
 
 REQUIRED = object()
@@ -124,3 +125,108 @@ REFUSED = {
                                            "(normalization_type 'RMS' or 'RMSPre'), and not with OLMo's output norms"),
     "use_attention_sinks": (_never, "glassbox has no attention sinks"),
 }
+
+
+def scales_local_layers(values: Dict[str, Any]) -> bool:
+    """Whether TransformerLens's rope scaling applies to local layers too (linear scaling never does)."""
+    return bool(values["use_NTK_by_parts_rope"]) or (bool(values["use_yarn_rope"]) and not values["yarn_global_attn_only"])
+
+
+def rope_scaling(values: Dict[str, Any]):
+    """glassbox's rope_scaling dict (transformers' names) for TransformerLens's rope options, or None."""
+    if values["positional_embedding_type"] != "rotary":
+        return None
+    if values["use_NTK_by_parts_rope"]:  # Llama 3.1's: transformers' "llama3"
+        return {"rope_type": "llama3", "factor": float(values["NTK_by_parts_factor"]),
+                "low_freq_factor": float(values["NTK_by_parts_low_freq_factor"]),
+                "high_freq_factor": float(values["NTK_by_parts_high_freq_factor"]),
+                "original_max_position_embeddings": int(values["NTK_original_ctx_len"])}
+    if values["use_yarn_rope"]:  # TransformerLens's YaRN is transformers' with an explicit attention factor
+        return {"rope_type": "yarn", "factor": float(values["yarn_factor"]),
+                "original_max_position_embeddings": int(values["yarn_original_max_position_embeddings"]),
+                "attention_factor": float(values["yarn_attention_factor"]),
+                "beta_fast": float(values["yarn_beta_fast"]), "beta_slow": float(values["yarn_beta_slow"]),
+                "truncate": bool(values["yarn_truncate"])}
+    if values["rotary_scaling_factor"] != 1.0:  # frequencies divided by the factor on global layers
+        return {"rope_type": "linear", "factor": float(values["rotary_scaling_factor"])}
+    return None
+
+
+def family_options(values: Dict[str, Any]) -> Dict[str, Any]:
+    """The glassbox Config options of today's families for TransformerLens's fields (checked already)."""
+    out: Dict[str, Any] = {}
+    if values["n_key_value_heads"] is not None:
+        out["n_key_value_heads"] = values["n_key_value_heads"]
+    out["ungroup_grouped_query_attention"] = bool(values["ungroup_grouped_query_attention"])
+    # TransformerLens divides the scores by attn_scale (sqrt(d_head) by default, 1 without use_attn_scale);
+    # glassbox multiplies them by its attn_scale (None: d_head ** -0.5).
+    divisor = values["attn_scale"] if values["use_attn_scale"] else 1.0
+    if not (values["use_attn_scale"] and divisor == np.sqrt(values["d_head"])):
+        out["attn_scale"] = 1.0 / float(divisor)
+    out["scale_attn_by_inverse_layer_idx"] = bool(values["scale_attn_by_inverse_layer_idx"])
+    for name in ("attn_scores_soft_cap", "output_logits_soft_cap"):  # TransformerLens: <= 0 or None is off
+        cap = values[name]
+        out[name] = float(cap) if cap is not None and cap > 0 else None
+    local = bool(values["use_local_attn"]) and "local" in values["attn_types"]
+    if values["use_local_attn"]:  # TransformerLens reads attn_types and window_size only then
+        out["attn_types"] = tuple(values["attn_types"])
+        if local:
+            out["window_size"] = values["window_size"]
+    rotary = values["positional_embedding_type"] == "rotary"
+    scaling = rope_scaling(values)
+    out["rope_scaling"] = scaling
+    if rotary and local:  # TransformerLens uses rotary_base_local on local layers only
+        base = values["rotary_base_local"]
+        if scaling is not None and not scales_local_layers(values) and base is None:
+            base = values["rotary_base"]  # glassbox leaves local layers unscaled only with a base of their own
+        if scaling is not None and scales_local_layers(values):
+            base = None  # checked: TransformerLens's local base is rotary_base here
+        out["rotary_base_local"] = None if base is None else float(base)
+    architecture = values["original_architecture"]
+    if values["use_normalization_before_and_after"]:
+        out["norm_placement"] = "sandwich"
+    if architecture in POST_NORM_ARCHITECTURES:
+        out["norm_placement"] = "output"
+    if architecture in FULL_QK_NORM_ARCHITECTURES:
+        out["qk_norm"] = "full"
+    elif values["use_qk_norm"]:
+        out["qk_norm"] = "head"
+    if values["parallel_attn_mlp"]:  # TransformerLens's parallel MLP reads its own ln2 (GPT-NeoX's block)
+        out["parallel_ln2"] = True
+    return out
+
+
+def family_fields(cfg) -> Dict[str, Any]:
+    """TransformerLens's fields for the options of today's families (the inverse of ``family_options``
+    where TransformerLens can say it; views of the rest are as close as its fields allow)."""
+    out: Dict[str, Any] = {}
+    if cfg.n_key_value_heads != cfg.n_heads:
+        out["n_key_value_heads"] = cfg.n_key_value_heads
+    out["ungroup_grouped_query_attention"] = cfg.ungroup_grouped_query_attention
+    if cfg.attn_scale is not None:  # else derive() gives TransformerLens's sqrt(d_head)
+        out["attn_scale"] = 1.0 / cfg.attn_scale
+    out["scale_attn_by_inverse_layer_idx"] = cfg.scale_attn_by_inverse_layer_idx
+    for name in ("attn_scores_soft_cap", "output_logits_soft_cap"):
+        out[name] = -1.0 if getattr(cfg, name) is None else getattr(cfg, name)
+    if cfg.attn_types is not None:
+        out.update(use_local_attn=True, attn_types=list(cfg.attn_types), window_size=cfg.window_size)
+    out["rotary_base_local"] = cfg.rotary_base_local
+    out["use_normalization_before_and_after"] = cfg.norm_placement == "sandwich"
+    if cfg.norm_placement == "output" and cfg.qk_norm == "full":
+        out["original_architecture"] = "Olmo2ForCausalLM"
+    out["use_qk_norm"] = cfg.qk_norm == "head"
+    scaling = cfg.rope_scaling or {}
+    if scaling.get("rope_type") == "linear":
+        out["rotary_scaling_factor"] = scaling["factor"]
+    elif scaling.get("rope_type") == "llama3":
+        out.update(use_NTK_by_parts_rope=True, NTK_by_parts_factor=scaling["factor"],
+                   NTK_by_parts_low_freq_factor=scaling["low_freq_factor"],
+                   NTK_by_parts_high_freq_factor=scaling["high_freq_factor"],
+                   NTK_original_ctx_len=scaling["original_max_position_embeddings"])
+    elif scaling.get("rope_type") == "yarn" and "attention_factor" in scaling:
+        out.update(use_yarn_rope=True, yarn_factor=scaling["factor"], yarn_attention_factor=scaling["attention_factor"],
+                   yarn_original_max_position_embeddings=scaling["original_max_position_embeddings"],
+                   yarn_beta_fast=scaling.get("beta_fast", 32.0), yarn_beta_slow=scaling.get("beta_slow", 1.0),
+                   yarn_truncate=scaling.get("truncate", True),
+                   yarn_global_attn_only=cfg.rotary_base_local is not None)
+    return out
