@@ -366,6 +366,10 @@ REFUSED = [
      r"rope_type 'dynamic'\): factor=inf must be"),
     ({"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8.0},
      r"rope_type 'dynamic'\): original_max_position_embeddings=8.0 must be a positive int"),
+    ({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": None},
+     r"rope_type 'yarn'\): original_max_position_embeddings=None must be a positive int"),
+    ({"rope_type": "llama3", "factor": 2.0, "original_max_position_embeddings": 8, "low_freq_factor": 1.0,
+      "high_freq_factor": None}, r"high_freq_factor=None must be a finite number > low_freq_factor=1.0"),
     ({"rope_type": "llama3", "factor": 2.0, "original_max_position_embeddings": 8, "low_freq_factor": 4.0,
       "high_freq_factor": 4.0}, r"rope_type 'llama3'\): high_freq_factor=4.0 must be a finite number > "
                                 r"low_freq_factor=4.0"),

@@ -38,18 +38,22 @@ where it is used: for yarn and llama3 it is the key transformers fills from max_
 when absent; for dynamic it is the length transformers' dynamic scaling starts after, its config's
 max_position_embeddings (a converter writes it; n_ctx can then exceed it, as the positions
 transformers accepts do). "rope_theta" and "partial_rotary_factor" are refused in the dict: they are
-Config.rotary_base and Config.rotary_dim (the table's ``base`` and ``rotary_dim``).
+Config.rotary_base and Config.rotary_dim (the table's ``base`` and ``rotary_dim``). Converters apply
+this rule with ``rope_scaling_from_hf`` (transformers' rope_parameters -> rope_scaling) and
+``rope_parameters_for_hf`` (back, with the max_position_embeddings the dynamic type needs).
 
 The dynamic type has state, as transformers' rotary embedding does (one table per model, shared by
-its layers): each forward's sequence length is max(position id) + 1; longer than the length the
+its layers): each forward's sequence length is max(position id) + 1 (with left padding the longest
+row's, as transformers' generate numbers positions); longer than the length the
 current frequencies are for, they are recomputed for it; shorter than
 original_max_position_embeddings after a longer one, they reset to the original ones; otherwise
 they are kept (a forward of 20 positions after one of 30 uses the 30-position frequencies). Keys in
 a key-value cache keep the rotation they were stored with, so greedy generation with a cache equals
 transformers' generate with its cache (and differs from recomputing without one, past the
-original length). Footguns: the state is the model's, not the call's (copy the model, or run a
-short sequence, to reset it); forwards of one model on several threads with lengths past the
-original race for it; a forward that raises has updated it already, as in transformers.
+original length). Its table is rebuilt, at the rows needed, at each change. Footguns: the state is
+the model's, not the call's (a copy of the model carries it; only a sequence shorter than the
+original resets it); forwards of one model on several threads with lengths past the original race
+for it; a forward that raises has updated it already, as in transformers.
 
 Footgun: a caller of the attention itself (not the model) must pass ``past``, the number of cached
 positions, so that the table covers every position id; the model does.
@@ -129,7 +133,8 @@ def check_rope_scaling(scaling, rotary_dim: int, base: float) -> None:
     if not (_finite(scaling["factor"]) and scaling["factor"] >= 1):
         refuse("factor", "must be a finite number >= 1")
     ompe = scaling.get("original_max_position_embeddings")
-    if ompe is not None and not (isinstance(ompe, int) and not isinstance(ompe, bool) and ompe >= 1):
+    if "original_max_position_embeddings" in scaling and not (
+            isinstance(ompe, int) and not isinstance(ompe, bool) and ompe >= 1):
         refuse("original_max_position_embeddings", "must be a positive int")
     if rope_type == "dynamic" and rotary_dim <= 2:
         raise ValueError(f"{where}: rotary_dim={rotary_dim} must be > 2 (the base is raised to dim / (dim - 2))")
@@ -246,9 +251,9 @@ def _yarn_inv_freq(rotary_dim: int, base: float, scaling: dict) -> Tensor:
     low, high = max(low, 0), min(high, rotary_dim - 1)
     if low == high:
         high += 0.001  # as transformers: a step instead of a division by zero
-    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float64, device="cpu") - low) / (high - low)).clamp(0, 1)
     keep = 1 - ramp  # the weight of the unscaled frequency (fast pairs); 1 - keep that of the slowed one
-    powers = base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    powers = base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64, device="cpu") / rotary_dim)
     return 1.0 / (factor * powers) * (1 - keep) + 1.0 / powers * keep
 
 
