@@ -450,3 +450,75 @@ def test_tl_from_pretrained_by_repo_id_with_auto_dtype(cache):
     from_memory = TLHookedTransformer.from_pretrained_no_processing("org/tl-llama", hf_model=hf, dtype="auto",
                                                                      device="cpu")
     assert from_memory.cfg.dtype == torch.bfloat16
+
+
+# -- one model per registered family, by repo id ------------------------------------------------------
+# Each family's test module exports make_hf_<model_type>(seed=0, **config_overrides); GPT-2's factory
+# (conftest.make_hf_gpt2) takes sizes, so it is wrapped here.
+FACTORY_MODULES = ("test_llama_parity", "test_mistral_parity", "test_gptj_parity", "test_qwen_parity",
+                   "test_gemma_parity", "test_neox_parity", "test_olmo2_parity")
+LOCAL_FACTORIES = {"gpt2": tiny_gpt2}
+# Logits against transformers, loaded by repo id, float32: measured max |error| (max |logit|), bound ~10x.
+FAMILY_BOUNDS = {
+    "gpt2": 1.5e-5,  # measured 1.4e-6 (4.6): 10x
+    "llama": 2e-5,  # measured 2.1e-6 (5.7): 9x
+    "mistral": 3e-5,  # measured 2.9e-6 (5.8): 10x
+    "gptj": 1.5e-5,  # measured 1.4e-6 (5.3): 10x
+    "qwen2": 1.2e-4,  # measured 1.25e-5 (7.5): 10x
+    "qwen3": 6e-5,  # measured 6.0e-6 (4.3): 10x
+    "gemma": 4e-5,  # measured 4.3e-6 (6.1): 9x
+    "gemma2": 2.5e-5,  # measured 2.4e-6 (3.0): 10x
+    "gemma3_text": 2.5e-5,  # measured 2.3e-6 (3.0): 11x
+    "gpt_neox": 2.5e-5,  # measured 2.6e-6 (6.7): 10x
+    "olmo2": 3e-5,  # measured 2.9e-6 (4.7): 10x
+}
+
+
+def family_factory(model_type):
+    import importlib
+
+    if model_type in LOCAL_FACTORIES:
+        return LOCAL_FACTORIES[model_type]
+    for name in FACTORY_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name != name:
+                raise
+            continue
+        factory = getattr(module, f"make_hf_{model_type}", None)
+        if factory is not None:
+            return factory
+    return None
+
+
+def registered_families():
+    from glassbox.weights import ARCHITECTURES
+
+    return sorted(ARCHITECTURES)
+
+
+@pytest.mark.parametrize("model_type", registered_families())
+def test_every_registered_family_loads_by_repo_id(cache, model_type):
+    factory = family_factory(model_type)
+    if factory is None:
+        pytest.fail(f"{model_type} is registered in glassbox.weights.ARCHITECTURES but no test module among "
+                    f"{', '.join(FACTORY_MODULES)} exports make_hf_{model_type}(seed=0, **config_overrides)")
+    assert model_type in FAMILY_BOUNDS, f"measure {model_type}'s error and give it a bound in FAMILY_BOUNDS"
+    hf = factory(seed=0)
+    assert hf.config.model_type == model_type
+    repo_id = f"family-{model_type.replace('_', '-')}/tiny"
+    cache_hf_model(cache, repo_id, hf)
+    model = from_pretrained(repo_id, dtype="auto")
+    assert next(model.parameters()).dtype == torch.float32 and model.cfg == config_of(repo_id)
+    twin = HookedTransformer.from_hf(hf)
+    assert model.state_dict().keys() == twin.state_dict().keys()
+    for name, tensor in twin.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    tokens = tokens_for(hf.config.vocab_size)
+    with torch.no_grad():
+        expected = hf(tokens).logits
+        got = model(tokens)
+        torch.testing.assert_close(got, twin(tokens), atol=0, rtol=0)
+    assert expected.abs().max() > 1.0, "logits too small for the comparison to mean anything"
+    torch.testing.assert_close(got, expected, atol=FAMILY_BOUNDS[model_type], rtol=0)
