@@ -60,18 +60,12 @@ def _act_fn(name, field: str) -> str:
     raise ValueError(f"Gemma {field}={name!r} is not an activation glassbox computes (it has {ACT_FNS})")
 
 
-def _rope(params, what: str) -> tuple:
-    """(rope_theta, rope_scaling or None) from one rope_parameters dict."""
-    params = dict(params or {})
-    theta = float(params.pop("rope_theta", 10000.0))
-    rope_type = params.get("rope_type", "default")
-    if rope_type == "default":
-        return theta, None
-    from ..models.config import ROPE_TYPES
+def _rope(params, max_positions: int) -> tuple:
+    """(rope_theta, Config.rope_scaling or None) from one rope_parameters dict."""
+    from ..models.positional import rope_scaling_from_hf
 
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(f"Gemma {what} rope_type={rope_type!r} is not supported (glassbox has {ROPE_TYPES})")
-    return theta, params
+    params = dict(params or {})
+    return float(params.get("rope_theta", 10000.0)), rope_scaling_from_hf(params, max_positions)
 
 
 def config_from_gemma(hf_config) -> Config:
@@ -91,14 +85,15 @@ def config_from_gemma(hf_config) -> Config:
         if hf_config.attn_logit_softcapping is not None:
             raise ValueError(f"gemma3_text attn_logit_softcapping={hf_config.attn_logit_softcapping} is not supported: "
                              "transformers' Gemma 3 attention never applies it, so the checkpoint's intent is unclear")
-        local_theta, local_scaling = _rope(rope.get("sliding_attention"), "sliding_attention")
+        local_theta, local_scaling = _rope(rope.get("sliding_attention"), hf_config.max_position_embeddings)
         if local_scaling is not None:
             raise ValueError(f"gemma3_text rope scaling on the sliding_attention layers ({local_scaling}) is not "
                              "supported (glassbox's local layers rotate without scaling)")
-        options["rotary_base"], options["rope_scaling"] = _rope(rope.get("full_attention"), "full_attention")
+        options["rotary_base"], options["rope_scaling"] = _rope(rope.get("full_attention"),
+                                                                hf_config.max_position_embeddings)
         options["rotary_base_local"] = local_theta
     else:
-        options["rotary_base"], options["rope_scaling"] = _rope(rope, "rope_parameters")
+        options["rotary_base"], options["rope_scaling"] = _rope(rope, hf_config.max_position_embeddings)
     if model_type != "gemma":
         options["attn_scale"] = float(hf_config.query_pre_attn_scalar) ** -0.5
         options["output_logits_soft_cap"] = hf_config.final_logit_softcapping
@@ -168,9 +163,11 @@ def config_to_gemma(cfg: Config, model_type: str):
         initializer_range=cfg.init_range, tie_word_embeddings=cfg.tied_unembed, attention_bias=cfg.qkv_bias,
         pad_token_id=0, eos_token_id=min(1, last), bos_token_id=min(2, last),
     )
-    rope = {"rope_type": "default", "rope_theta": cfg.rotary_base}
-    if cfg.rope_scaling is not None:
-        rope = {"rope_theta": cfg.rotary_base, **cfg.rope_scaling}
+    from ..models.positional import rope_parameters_for_hf
+
+    rope, original = rope_parameters_for_hf(cfg.rope_scaling, cfg.rotary_base)
+    if original is not None:  # the dynamic type scales past transformers' max_position_embeddings
+        common["max_position_embeddings"] = original
     if model_type == "gemma":
         return transformers.GemmaConfig(**common, hidden_act=act, rope_parameters=rope)
     types = cfg.attn_types or ("global",) * cfg.n_layers
