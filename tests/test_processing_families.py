@@ -133,9 +133,9 @@ BOUNDS = {
 
 
 def assert_invariant(model, processed, steps: dict):
-    if id(model) not in _RUNS:
-        _RUNS[id(model)] = run(model)
-    logits, patterns = _RUNS[id(model)]
+    if id(model) not in _RUNS:  # the model is kept with its run, so its id is never reused
+        _RUNS[id(model)] = (model, run(model))
+    logits, patterns = _RUNS[id(model)][1]
     new_logits, new_patterns = run(processed)
     bound = BOUNDS[bool(steps.get("refactor_factored_attn_matrices"))]
     assert logits.abs().max() > 2, "logits too small for the comparison to mean anything"
