@@ -120,6 +120,26 @@ def test_offline_environment_never_asks_the_hub(tmp_path, monkeypatch):
     assert_same_model(model, hf, tokens_for(29), atol=2e-5)
 
 
+def test_the_hand_written_cache_is_one_huggingface_hub_and_transformers_read(cache):
+    """The oracle for hub_cache.py's layout: huggingface_hub's cache scan and transformers' own loader."""
+    from huggingface_hub import scan_cache_dir
+    from transformers import AutoModelForCausalLM
+
+    hf = make_hf_llama()
+    snapshot = cache_hf_model(cache, "org/scanned", hf, max_shard_size="5KB")
+    report = scan_cache_dir(cache)
+    assert not report.warnings, report.warnings
+    (repo,) = report.repos
+    (revision,) = repo.revisions
+    assert (repo.repo_id, repo.repo_type, revision.commit_hash, set(revision.refs)) == (
+        "org/scanned", "model", snapshot.name, {"main"})
+    assert {f.file_name for f in revision.files} == {p.name for p in snapshot.iterdir()}
+    assert all(f.blob_path.parent == repo.repo_path / "blobs" for f in revision.files)
+    loaded = AutoModelForCausalLM.from_pretrained("org/scanned", cache_dir=str(cache), local_files_only=True)
+    for name, tensor in hf.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
 # -- one model of each kind, by repo id -----------------------------------------------------------
 def test_gpt2_by_org_and_bare_repo_id(cache):
     hf = tiny_gpt2()
