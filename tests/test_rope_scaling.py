@@ -336,14 +336,13 @@ def test_rope_parameters_mapping_fills_and_refuses_as_transformers_reads_them():
 # -- the table: growth, sharing, casts ---------------------------------------------------------
 @pytest.mark.parametrize("name", ["linear", "llama3", "yarn_ramp"])
 def test_static_tables_grow_by_doubling_and_rows_do_not_depend_on_size(name):
-    grown, whole = RotaryTable(3000, ROTARY_DIM, BASE, glassbox_scaling(name)), None
+    grown = RotaryTable(3000, ROTARY_DIM, BASE, glassbox_scaling(name))
     whole_cos, whole_sin = RotaryTable(3000, ROTARY_DIM, BASE, glassbox_scaling(name)).tables(
         3000, torch.device("cpu"), torch.float64)
     for length, rows in ((1, 64), (5, 64), (65, 128), (200, 256), (129, 256), (1500, 1500), (1501, 3000)):
         cos, sin = grown.tables(length, torch.device("cpu"), torch.float64)
         assert grown.rows == cos.shape[0] == rows, (length, grown.rows)
         assert torch.equal(cos, whole_cos[:rows]) and torch.equal(sin, whole_sin[:rows]), length
-    del whole
 
 
 def test_layers_share_one_table_and_equal_scalings_have_equal_keys():
@@ -366,7 +365,9 @@ def test_dynamic_state_changes_renew_every_cast_copy():
     long64, _ = table.tables(30, cpu, torch.float64)
     assert torch.equal(long32, long64.float()) and not torch.equal(long64[:8], short64[:8])
     again64, _ = table.tables(8, cpu, torch.float64)  # reset: the original frequencies again
-    assert torch.equal(again64[:8], short64[:8]) and torch.equal(short32, short64.float())
+    again32, _ = table.tables(8, cpu, torch.float32)
+    assert torch.equal(again64[:8], short64[:8]) and torch.equal(again32[:8], short32[:8])
+    assert not torch.equal(again32[:8], long32[:8])
 
 
 # -- refusals ----------------------------------------------------------------------------------
