@@ -23,7 +23,7 @@ from glassbox.models import Config, HookedTransformer
 SIZES = dict(d_model=18, n_layers=3, n_heads=6, d_head=6, d_mlp=13, d_vocab=29, n_ctx=19, init_range=0.3)
 ROTARY = dict(positional="rotary", rotary_dim=4, normalization="RMS", gated_mlp=True, act_fn="silu")
 BATCH, SEQ = 2, 5
-ATOL = 1e-13  # float64 throughout: the largest error of all 110 comparisons measured 7.1e-15 (values up to 22): 14x
+ATOL = 1e-13  # float64 throughout: the largest error of every comparison here measured 7.1e-15 (values up to 22): 14x
 
 
 def build(seed=0, **options) -> HookedTransformer:
@@ -299,3 +299,15 @@ def test_parallel_ln2_decomposes_and_has_no_mlp_input_stream():
           "ln1 of a parallel block")
     with pytest.raises(ValueError, match="parallel blocks have no MLP-input residual stream"):
         cache.decompose_resid(1, mlp_input=True)
+
+
+def test_normed_projected_decomposition_folds_both_norms_exactly(normed):
+    model, _, cache = normed
+    direction = torch.randn(18, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    rows = get_full_resid_decomposition(cache, None, apply_ln=True, project_output_onto=direction)
+    b = getattr(model.ln_final, "b", None)  # the final norm's bias is in no row
+    expected = cache["ln_final.hook_out"] - (0 if b is None else b.detach())
+    close(rows.sum(0), expected @ direction, "projected, normed decomposition")
+    per_neuron = stack_neuron_results(cache, None, apply_ln=True, project_output_onto=direction)
+    unfolded = stack_neuron_results(cache, None, apply_ln=True) @ direction  # normed in d_model, then projected
+    close(per_neuron, unfolded, "neuron rows folded vs formed")
