@@ -354,6 +354,8 @@ def test_refusals_name_the_option(hf_models):
         config_to_gemma(cfg.replace(norm_weight_offset=0.0), "gemma2")
     with pytest.raises(ValueError, match=r"'attn_scale': '0.3 \(not query_pre_attn_scalar"):
         config_to_gemma(cfg.replace(attn_scale=0.3), "gemma2")
+    with pytest.raises(ValueError, match=r"'d_model': \"22 \(transformers' gemma2 needs a multiple of n_heads=6\)"):
+        config_to_gemma(cfg.replace(d_model=22), "gemma2")
     sd = dict(hf_models["gemma2"].state_dict())
     sd["model.layers.2.post_feedforward_layernorm.weight"] = sd["model.layers.2.post_feedforward_layernorm.weight"][:-1]
     with pytest.raises(ValueError, match=r"model\.layers\.2\.post_feedforward_layernorm\.weight has shape \(29,\)"):

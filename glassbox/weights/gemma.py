@@ -146,6 +146,8 @@ def config_to_gemma(cfg: Config, model_type: str):
                 wrong[name] = getattr(cfg, name)
     if model_type == "gemma2" and cfg.rotary_base_local is not None:
         wrong["rotary_base_local"] = cfg.rotary_base_local
+    if model_type != "gemma" and cfg.d_model % cfg.n_heads:  # transformers' own check, made a ValueError
+        wrong["d_model"] = f"{cfg.d_model} (transformers' {model_type} needs a multiple of n_heads={cfg.n_heads})"
     if model_type == "gemma3_text" and cfg.attn_scores_soft_cap is not None:
         wrong["attn_scores_soft_cap"] = cfg.attn_scores_soft_cap
     scalar = cfg.d_head if cfg.attn_scale is None else round(cfg.attn_scale ** -2)
@@ -159,8 +161,8 @@ def config_to_gemma(cfg: Config, model_type: str):
     common = dict(
         hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
         num_key_value_heads=cfg.n_key_value_heads, head_dim=cfg.d_head, vocab_size=cfg.d_vocab,
-        max_position_embeddings=cfg.n_ctx, intermediate_size=cfg.d_mlp, rms_norm_eps=cfg.layer_norm_eps,
-        initializer_range=cfg.init_range, tie_word_embeddings=cfg.tied_unembed, attention_bias=cfg.qkv_bias,
+        max_position_embeddings=cfg.n_ctx, intermediate_size=cfg.d_mlp, rms_norm_eps=float(cfg.layer_norm_eps),
+        initializer_range=float(cfg.init_range), tie_word_embeddings=cfg.tied_unembed, attention_bias=cfg.qkv_bias,
         pad_token_id=0, eos_token_id=min(1, last), bos_token_id=min(2, last),
     )
     from ..models.positional import rope_parameters_for_hf
@@ -172,17 +174,22 @@ def config_to_gemma(cfg: Config, model_type: str):
         return transformers.GemmaConfig(**common, hidden_act=act, rope_parameters=rope)
     types = cfg.attn_types or ("global",) * cfg.n_layers
     later = dict(
-        hidden_activation=act, query_pre_attn_scalar=scalar, final_logit_softcapping=cfg.output_logits_soft_cap,
+        hidden_activation=act, query_pre_attn_scalar=scalar, final_logit_softcapping=_float(cfg.output_logits_soft_cap),
         layer_types=[{v: k for k, v in LAYER_TYPES.items()}[t] for t in types],
         sliding_window=cfg.window_size if cfg.window_size is not None else 4096,
     )
     if model_type == "gemma2":
         return transformers.Gemma2Config(**common, **later, rope_parameters=rope,
-                                         attn_logit_softcapping=cfg.attn_scores_soft_cap)
+                                         attn_logit_softcapping=_float(cfg.attn_scores_soft_cap))
     local = cfg.rotary_base_local if cfg.rotary_base_local is not None else cfg.rotary_base
     return transformers.Gemma3TextConfig(
         **common, **later, attn_logit_softcapping=None,
         rope_parameters={"full_attention": rope, "sliding_attention": {"rope_type": "default", "rope_theta": local}})
+
+
+def _float(value):
+    """transformers' strict configs refuse an int where a float is declared."""
+    return None if value is None else float(value)
 
 
 # (HF name under model.layers.L., ours under blocks.L.) of the norms; Gemma 1 has two, 2 and 3 four.
