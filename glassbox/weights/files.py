@@ -78,8 +78,8 @@ def stored_dtype(folder: Path, tensors: Optional[dict] = None) -> Optional[torch
     folder = Path(folder)
     counts, where = {}, {}
     if tensors is not None:
-        items = [(str(weights_file(folder)), str(t.dtype).replace("torch.", ""), t.dtype if t.is_floating_point()
-                  else None, t.numel()) for t in tensors.values()]
+        items = [(f"the checkpoint in {folder}", str(t.dtype).replace("torch.", ""),
+                  t.dtype if t.is_floating_point() else None, t.numel()) for t in tensors.values()]
     else:
         items = []
         for path, header in _headers(folder):
