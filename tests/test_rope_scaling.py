@@ -370,6 +370,31 @@ def test_dynamic_state_changes_renew_every_cast_copy():
     assert not torch.equal(again32[:8], long32[:8])
 
 
+def test_a_dynamic_table_read_from_threads_gives_cos_and_sin_of_one_state():
+    """Threads move the frequencies back and forth; every (cos, sin) returned is one state's pair
+    (cos^2 + sin^2 = 1 row by row to float32 rounding, ~1e-7; a cos of one state with a sin of
+    another is off by up to ~1 at the long rows)."""
+    import threading
+
+    table = RotaryTable(N_CTX, ROTARY_DIM, BASE, glassbox_scaling("dynamic"))
+    failures = []
+
+    def read(lengths):
+        for length in lengths:
+            for dtype in (torch.float32, torch.float64):
+                cos, sin = table.tables(length, torch.device("cpu"), dtype)
+                if cos.shape != sin.shape or cos.shape[0] < length or \
+                        float((cos.double() ** 2 + sin.double() ** 2 - 1).abs().max()) > 1e-6:
+                    failures.append((length, dtype, cos.shape, sin.shape))
+
+    threads = [threading.Thread(target=read, args=([8, 30, 12, 45, 5, 20, 64, 9] * 20,)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+
+
 # -- refusals ----------------------------------------------------------------------------------
 REFUSED = [
     ({"rope_type": "ntk", "factor": 2.0}, r"rope_type='ntk' is not one of \('linear', 'dynamic', 'llama3', 'yarn'\)"),
