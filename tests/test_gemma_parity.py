@@ -383,3 +383,23 @@ def test_linear_rope_scaling(model_type):
         unscaled = HookedTransformer(model.cfg.replace(rope_scaling=None), init=False)
         unscaled.load_state_dict(model.state_dict(), strict=True)
         assert (unscaled.eval()(tokens) - expected).abs().max() > 1e-2  # the scaling is exercised
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_embedding_scale_rounds_as_transformers_at_released_widths(dtype):
+    """sqrt(d_model) rounded to the model's dtype, bit for bit as transformers' scaled embedding (a
+    float32 buffer cast to the dtype) at every released Gemma width."""
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2TextScaledWordEmbedding
+
+    from glassbox.models import Config
+    from glassbox.models.embed import Embed
+
+    for width in (640, 1152, 2048, 2304, 2560, 3072, 3584, 3840, 4608, 5376):
+        cfg = Config(d_model=width, n_layers=1, n_heads=1, d_vocab=1, n_ctx=1, scale_embed=True)
+        embed = Embed(cfg).to(dtype)
+        theirs = Gemma2TextScaledWordEmbedding(1, width, None, embed_scale=width ** 0.5).to(dtype)
+        with torch.no_grad():
+            embed.W_E.fill_(1.0)
+            theirs.weight.fill_(1.0)
+            token = torch.zeros(1, 1, dtype=torch.long)
+            assert torch.equal(embed(token), theirs(token)), width
