@@ -64,16 +64,25 @@ def loop_value(model, corrupted, clean_cache, name, index) -> float:
 
 
 # -- grouped-query attention: patching ------------------------------------------------------------
-@pytest.fixture(scope="module", params=[2, 1], ids=["gqa", "mqa"])
-def grouped(request):
-    model = build(n_key_value_heads=request.param, **ROTARY)
+def grouped_runs(n_kv: int):
+    model = build(n_key_value_heads=n_kv, **ROTARY)
     clean, corrupted = tokens(1), tokens(2)
     _, cache = model.run_with_cache(clean)
     return model, clean, corrupted, cache
 
 
-def test_k_sweep_sweeps_kv_heads_and_equals_the_loop(grouped):
-    model, _, corrupted, cache = grouped
+@pytest.fixture(scope="module", params=[2, 1], ids=["gqa", "mqa"])
+def grouped_any(request):  # grouped-query and multi-query attention
+    return grouped_runs(request.param)
+
+
+@pytest.fixture(scope="module")
+def grouped():  # the slower sweeps: grouped-query only
+    return grouped_runs(2)
+
+
+def test_k_sweep_sweeps_kv_heads_and_equals_the_loop(grouped_any):
+    model, _, corrupted, cache = grouped_any
     n_kv = model.cfg.n_key_value_heads
     result = patch_head_k(model, corrupted, cache, METRIC)
     assert result.axes == ("layer", "kv_head") and result.shape == (3, n_kv)
@@ -134,8 +143,8 @@ def test_ungrouped_keys_sweep_per_query_head():
     assert stacked.shape == (2, 3, 6) and torch.equal(stacked.values[1], result.values)
 
 
-def test_path_patching_into_a_kv_head_equals_the_two_forwards(grouped):
-    model, _, corrupted, cache = grouped
+def test_path_patching_into_a_kv_head_equals_the_two_forwards(grouped_any):
+    model, _, corrupted, cache = grouped_any
     n_kv = model.cfg.n_key_value_heads
     sender, receiver = (0, 4), (2, n_kv - 1, "k")
     got = float(path_patch(model, corrupted, cache, METRIC, [sender], [receiver]))
@@ -167,8 +176,8 @@ def test_path_patching_into_a_kv_head_equals_the_two_forwards(grouped):
 
 
 # -- grouped-query attention: circuits --------------------------------------------------------------
-def test_svd_of_a_grouped_heads_ov_uses_its_kv_head(grouped):
-    model = grouped[0]
+def test_svd_of_a_grouped_heads_ov_uses_its_kv_head(grouped_any):
+    model = grouped_any[0]
     groups = model.cfg.n_kv_groups
     for layer, head in [(0, 5), (2, 1)]:
         ours = singular_directions(model, "OV", layer, head)  # [d_head d_model]
