@@ -384,7 +384,11 @@ def test_refusals_name_the_problem(hf_llama):
                           (dict(qkv_bias=True), "'qkv_bias': True, 'attn_out_bias': False"),
                           (dict(attn_scale=1.0), "'attn_scale': 1.0"), (dict(rotary_dim=4), "'rotary_dim': 4"),
                           (dict(attn_types=("local", "global"), window_size=4), "'attn_types': \\('local', 'global'\\)"),
-                          (dict(norm_weight_offset=1.0), "'norm_weight_offset': 1.0")]:
+                          (dict(norm_weight_offset=1.0), "'norm_weight_offset': 1.0"),
+                          (dict(upcast_attn=True), "'upcast_attn': True"),
+                          (dict(output_logits_soft_cap=30.0), "'output_logits_soft_cap': 30.0"),
+                          (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0,
+                                              "original_max_position_embeddings": 20}), "'rope_scaling': .*'dynamic'")]:
         with pytest.raises(ValueError, match="not a Llama-architecture config.*" + named):
             config_to_llama(cfg.replace(**change))
     sd = dict(hf_llama.state_dict())

@@ -39,15 +39,15 @@ from torch import Tensor
 from ..models import Config
 from ..models.config import ACT_FNS, ROPE_TYPES
 from .checks import CONFIG_FIELDS, WEIGHT_LAYOUT
-from .family import Architecture
+from .family import Architecture, options_beyond
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
 
+# act_fn is Llama's default; a config's hidden_act replaces it (any activation glassbox computes).
 LLAMA_OPTIONS = dict(normalization="RMS", norm_placement="pre", positional="rotary", rotary_style="half",
-                     gated_mlp=True, use_bias=False, unembed_bias=False, parallel_attn_mlp=False)
-# Family options (Config fields) at the value both families compute; the exporters refuse any other.
-FIXED_OPTIONS = dict(scale_attn_by_inverse_layer_idx=False, upcast_attn=False, qk_norm=None,
-                     attn_scores_soft_cap=None, output_logits_soft_cap=None, rotary_base_local=None,
-                     norm_weight_offset=0.0, scale_embed=False, parallel_ln2=False)
+                     act_fn="silu", gated_mlp=True, use_bias=False, unembed_bias=False, parallel_attn_mlp=False)
+# The family options (family.options_beyond) these exporters map; any other set one is refused.
+MAPPED_OPTIONS = ("n_key_value_heads", "qkv_bias", "attn_out_bias", "mlp_bias", "attn_scale", "rope_scaling",
+                  "attn_types", "window_size")
 FAMILY_NAMES = {"llama": "Llama", "mistral": "Mistral"}
 
 
@@ -85,12 +85,13 @@ def config_from_llama(hf_config) -> Config:
     return Config(
         d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers, n_heads=heads,
         n_key_value_heads=kv_heads, d_vocab=hf_config.vocab_size, n_ctx=hf_config.max_position_embeddings,
-        d_head=head_dim, d_mlp=hf_config.intermediate_size, act_fn=hf_config.hidden_act,
+        d_head=head_dim, d_mlp=hf_config.intermediate_size,
         layer_norm_eps=hf_config.rms_norm_eps, init_range=hf_config.initializer_range, rotary_dim=head_dim,
         rotary_base=rotary_base, rope_scaling=rope_scaling, qkv_bias=attn_bias, attn_out_bias=attn_bias,
         mlp_bias=mlp_bias, attn_types=None if window is None else ("local",) * hf_config.num_hidden_layers,
         window_size=window, tied_unembed=bool(hf_config.tie_word_embeddings),
-        model_name=getattr(hf_config, "name_or_path", "") or model_type, **LLAMA_OPTIONS,
+        model_name=getattr(hf_config, "name_or_path", "") or model_type,
+        **{**LLAMA_OPTIONS, "act_fn": hf_config.hidden_act},
     )
 
 
@@ -118,7 +119,8 @@ def rope_from_hf(hf_config, family: str) -> tuple:
 
 def unrepresentable(cfg: Config, family: str) -> dict:
     """The Config values ``family`` ("llama" or "mistral") cannot represent (empty when it can)."""
-    wrong = {k: getattr(cfg, k) for k, v in {**LLAMA_OPTIONS, **FIXED_OPTIONS}.items() if getattr(cfg, k) != v}
+    wrong = {k: getattr(cfg, k) for k, v in LLAMA_OPTIONS.items() if k != "act_fn" and getattr(cfg, k) != v}
+    wrong.update(options_beyond(cfg, allowed=MAPPED_OPTIONS))
     if cfg.rotary_dim != cfg.d_head:
         wrong["rotary_dim"] = cfg.rotary_dim
     if cfg.attn_scale is not None and cfg.attn_scale != cfg.d_head ** -0.5:
@@ -147,8 +149,8 @@ def _config_to(cfg: Config, family: str, needs: str):
     wrong = unrepresentable(cfg, family)
     if wrong:
         raise ValueError(f"not a {FAMILY_NAMES[family]}-architecture config: {wrong} ({FAMILY_NAMES[family]} "
-                         f"needs {LLAMA_OPTIONS}, rotary_dim == d_head, the 1/sqrt(d_head) score scale, none of "
-                         f"{sorted(FIXED_OPTIONS)}, and {needs})")
+                         f"needs {LLAMA_OPTIONS} (act_fn any glassbox computes), rotary_dim == d_head, the 1/sqrt(d_head) score scale, no "
+                         f"family option beyond {MAPPED_OPTIONS}, and {needs})")
     last = cfg.d_vocab - 1
     rope = {"rope_type": "default"} if cfg.rope_scaling is None else dict(cfg.rope_scaling)
     if rope["rope_type"] == "dynamic":
