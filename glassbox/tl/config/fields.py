@@ -208,7 +208,7 @@ def family_fields(cfg) -> Dict[str, Any]:
     out["scale_attn_by_inverse_layer_idx"] = cfg.scale_attn_by_inverse_layer_idx
     for name in ("attn_scores_soft_cap", "output_logits_soft_cap"):
         out[name] = -1.0 if getattr(cfg, name) is None else getattr(cfg, name)
-    if cfg.attn_types is not None:
+    if cfg.attn_types is not None and "local" in cfg.attn_types:  # all-global layers need no field
         out.update(use_local_attn=True, attn_types=list(cfg.attn_types), window_size=cfg.window_size)
     out["rotary_base_local"] = cfg.rotary_base_local
     out["use_normalization_before_and_after"] = cfg.norm_placement == "sandwich"
