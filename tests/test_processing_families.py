@@ -206,6 +206,10 @@ def test_every_allowed_step_together_keeps_predictions(option):
                                                                      and "fold_ln" in refused)}
     processed = process(model, **steps)
     assert processed.processing == tuple(s for s in ALL_STEPS if s in steps)
+    # The Config afterwards: untied (fold_ln or center_unembed ran), with b_U when ln_final's LayerNorm
+    # bias was folded; every other field, norm_weight_offset included, as it was.
+    new_b_U = model.cfg.normalization == "LN" and "fold_ln" in steps
+    assert processed.cfg == model.cfg.replace(tied_unembed=False, unembed_bias=model.cfg.unembed_bias or new_b_U)
     assert processed.cfg == config_for(processed.state_dict(), model.cfg)
     assert_invariant(model, processed, steps)
 
