@@ -121,12 +121,19 @@ def test_every_layer_matches_mistral_hidden_states_and_attentions(case, tokens):
     window = model.cfg.window_size
     acts = {}
     with torch.no_grad():
-        out = hf(tokens, output_hidden_states=True, output_attentions=True)
-        model.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith(("resid_pre", "pattern")),
+        out = hf(tokens, output_hidden_states=True, output_attentions=True, use_cache=True)
+        model.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith(("resid_pre", "pattern", "hook_rot_k", "hook_v")),
                                                  lambda x, hook: acts.__setitem__(hook.name, x))])
     query, key = torch.arange(23)[:, None], torch.arange(23)[None, :]
     outside = (query - key >= window) | (key > query)
     for L in range(model.cfg.n_layers):
+        # HF's sliding-window cache keeps the last window - 1 keys and values [batch kv_head pos d_head];
+        # ours (hooks, [batch pos kv_head d_head]) at those positions: measured <= 2.4e-6 (values up to 6);
+        # bound 3e-5, 12x
+        for ours, theirs in (("hook_rot_k", out.cache.layers[L].keys), ("hook_v", out.cache.layers[L].values)):
+            assert theirs.shape[2] == window - 1
+            torch.testing.assert_close(acts[f"blocks.{L}.attn.{ours}"][:, 1 - window:], theirs.transpose(1, 2),
+                                       atol=3e-5, rtol=0)
         # measured <= 8.6e-6 over the cases (residual stream up to 24); bound 1e-4, 12x
         torch.testing.assert_close(acts[f"blocks.{L}.hook_resid_pre"], out.hidden_states[L], atol=1e-4, rtol=0,
                                    msg=lambda m, L=L: f"resid_pre of layer {L} differs from HF hidden_states[{L}]: {m}")
