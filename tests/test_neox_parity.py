@@ -310,3 +310,31 @@ def test_rotary_pct_survives_export_for_every_rotary_dim():
         for rotary_dim in range(2, d_head + 1, 2):
             c = cfg.replace(d_model=3 * d_head, d_head=d_head, rotary_dim=rotary_dim)
             assert config_from_neox(config_to_neox(c)).rotary_dim == rotary_dim
+
+
+def test_pythia_style_folder_loads(tmp_path):
+    """A folder as the hub ships Pythia: config.json with rotary_pct and rotary_emb_base (no rope_parameters),
+    the unembedding saved as embed_out.weight, the causal-mask buffers of older checkpoints."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from glassbox.weights import from_pretrained
+
+    hf = make_hf_gpt_neox()
+    hf.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["rope_parameters"]
+    config.update(rotary_pct=0.3, rotary_emb_base=500.0)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    tensors = load_file(tmp_path / "model.safetensors")
+    if "lm_head.weight" in tensors:  # transformers 5 writes the hub's name itself
+        tensors["embed_out.weight"] = tensors.pop("lm_head.weight")
+    assert "embed_out.weight" in tensors
+    tensors["gpt_neox.layers.0.attention.masked_bias"] = torch.tensor(-1e9)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    model = from_pretrained(tmp_path)
+    assert (model.cfg.rotary_dim, model.cfg.rotary_base, model.cfg.parallel_attn_mlp) == (4, 500.0, True)
+    tokens = torch.randint(0, SIZES["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():  # measured <= 3.8e-6 (logits up to 7.8), as test_logits_match_gpt_neox; bound 4e-5, 10x
+        torch.testing.assert_close(model(tokens), hf(tokens).logits, atol=4e-5, rtol=0)
