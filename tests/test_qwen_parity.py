@@ -151,14 +151,48 @@ def test_config_maps_qwen3_options():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rope_parameters_map_onto_rope_scaling_and_back(family):
-    """Only the mapping: the scaled tables themselves are RotaryTable's (positional.py) and its tests'."""
     from transformers import Qwen2Config, Qwen3Config
 
-    hf_config = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}[family](**SIZES[family], rope_parameters={
-        "rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0})
+    config_class = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}[family]
+    hf_config = config_class(**SIZES[family], rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0})
     cfg = CONFIG_FROM[family](hf_config)
     assert (cfg.rope_scaling, cfg.rotary_base) == ({"rope_type": "linear", "factor": 2.0}, 1000.0)
     assert CONFIG_TO[family](cfg).rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0}
+    # transformers' dynamic type scales from max_position_embeddings: the original length, both ways
+    dynamic = CONFIG_FROM[family](config_class(**SIZES[family], rope_parameters={
+        "rope_type": "dynamic", "factor": 2.0, "rope_theta": 1000.0}))
+    assert dynamic.rope_scaling == {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 41}
+    back = CONFIG_TO[family](dynamic)
+    assert (back.rope_parameters, back.max_position_embeddings) == (
+        {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1000.0}, 41)
+
+
+ROPE_SCALINGS = {
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8},
+    "yarn": {"rope_type": "yarn", "factor": 4.1, "original_max_position_embeddings": 10},  # 4.1 = 41 / 10
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("rope", list(ROPE_SCALINGS))
+def test_rope_scaling_matches_transformers(family, rope):
+    """Scaled rotary tables (positional.py's) inside each family: logits and export. (The dynamic type
+    equals the default within n_ctx = max_position_embeddings; its growth is tested with the tables.)"""
+    hf = MAKE[family](rope_parameters={**ROPE_SCALINGS[rope], "rope_theta": 500.0}, **SLIDING)
+    model = build(hf)
+    plain = build(MAKE[family](**SLIDING))
+    tokens = tokens_for()
+    with torch.no_grad():
+        expected = hf(tokens).logits
+        got = model(tokens)
+        assert (plain(tokens) - got).abs().max() > 1e-2, "the scaling changes the logits"
+        # measured <= 9.8e-6 (logits up to 9.6); bound 1e-4, 10x
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+        exported = model.to_hf()
+        assert exported.config.rope_parameters == hf.config.rope_parameters
+        torch.testing.assert_close(exported(tokens).logits, expected, atol=0, rtol=0)
 
 
 # -- float32 and float64 parity ---------------------------------------------------------------------------
@@ -365,6 +399,10 @@ def test_config_from_refuses_what_glassbox_does_not_compute():
                                 "long_factor": [1.0] * 5}
     with pytest.raises(ValueError, match="Qwen2 rope scaling 'longrope' .* is not supported"):
         config_from_qwen2(longrope)
+    partial = Qwen2Config(**sizes, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4,
+                                                    "partial_rotary_factor": 0.5})
+    with pytest.raises(ValueError, match="Qwen2 rope_parameters partial_rotary_factor=0.5"):
+        config_from_qwen2(partial)
     chunked = Qwen3Config(**{**SIZES["qwen3"], "num_hidden_layers": 2},
                           layer_types=["full_attention", "chunked_attention"])
     with pytest.raises(ValueError, match=r"Qwen3 layer_types \['chunked_attention'\] are not supported"):

@@ -11,7 +11,10 @@ Both may slide: ``layer_types`` (which transformers derives from ``use_sliding_w
 ``sliding_window`` and ``max_window_layers``: layers from index max_window_layers on slide) marks the
 "sliding_attention" layers, which become ``attn_types`` "local" with ``window_size`` = sliding_window
 (keys less than sliding_window sequence positions back, the query included). Rope scaling
-(``rope_parameters`` other than "default") maps onto ``Config.rope_scaling`` with HF's names.
+(``rope_parameters`` "linear", "dynamic", "llama3", "yarn") maps onto ``Config.rope_scaling`` with
+HF's names through positional.py's ``rope_scaling_from_hf`` / ``rope_parameters_for_hf`` (the
+dynamic type's original length is max_position_embeddings, so n_ctx, a loaded model's position
+limit, equals it); other rope types are refused by name.
 
 HF stores nn.Linear weights as [d_out d_in]; ours right-multiply, so matrices are transposed and
 split along head * d_head (HF's head order; kv heads in the order query head h reads h // groups).
@@ -28,15 +31,18 @@ from torch import Tensor
 
 from ..models import Config
 from ..models.config import ACT_FNS, ROPE_TYPES
+from ..models.positional import rope_parameters_for_hf, rope_scaling_from_hf
 from .family import Architecture
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
 
 QWEN_OPTIONS = dict(normalization="RMS", norm_placement="pre", positional="rotary", rotary_style="half",
                     gated_mlp=True, use_bias=False, unembed_bias=False, parallel_attn_mlp=False, mlp_bias=False)
 LAYER_TYPES = {"full_attention": "global", "sliding_attention": "local"}
-# Config fields that do not change what the model computes (or only its precision: upcast_attn), so
-# an export need not (and cannot) carry them.
-NOT_ARCHITECTURE = ("model_name", "init_range", "init_scheme", "default_prepend_bos",
+# Config fields that do not change what the model computes (or only its precision: upcast_attn; n_ctx
+# only limits a rotary model's positions, and the dynamic rope type's max_position_embeddings is its
+# original length instead), so an export need not (and cannot) carry them. attn_scale is compared as
+# the scale itself.
+NOT_ARCHITECTURE = ("model_name", "init_range", "init_scheme", "default_prepend_bos", "n_ctx",
                     "ungroup_grouped_query_attention", "upcast_attn", "attn_scale")
 # Tensors a checkpoint may hold that the architecture does not use: a tied lm_head (W_E again) and
 # the rotary inverse frequencies that older checkpoints saved.
@@ -54,14 +60,14 @@ def _config_from(hf_config, model_type: str) -> Config:
                          f"{', '.join(ACT_FNS)})")
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
     rope = dict(getattr(hf_config, "rope_parameters", None) or {})
-    rope_type = rope.get("rope_type", "default")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default" and rope_type not in ROPE_TYPES:
         raise ValueError(f"{family} rope scaling {rope_type!r} (rope_parameters) is not supported (glassbox "
                          f"computes 'default', {', '.join(map(repr, ROPE_TYPES))})")
-    if rope.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError(f"{family} rope_parameters with partial_rotary_factor={rope['partial_rotary_factor']} "
-                         "are not supported (Qwen rotates the whole head)")
-    scaling = None if rope_type == "default" else {k: v for k, v in rope.items() if k not in ("rope_theta", "type")}
+    try:  # a partial_rotary_factor is refused with scaling; the "default" type ignores it, as transformers' Qwen
+        scaling = rope_scaling_from_hf(rope, hf_config.max_position_embeddings)
+    except ValueError as err:
+        raise ValueError(f"{family} {err}") from err
     attn_types, window = _attn_types(hf_config, family)
     bias = bool(getattr(hf_config, "attention_bias", False)) if model_type == "qwen3" else None
     return Config(
@@ -127,14 +133,14 @@ def _config_to(cfg: Config, model_type: str):
         raise ValueError(f"not a {family}-architecture config: {wrong} ({family} needs {wanted}, {need}, "
                          "rotary_dim == d_head and the 1/sqrt(d_head) attention scale)")
     local = [t == "local" for t in cfg.attn_types] if cfg.attn_types is not None else [False] * cfg.n_layers
-    rope = {"rope_type": "default"} if cfg.rope_scaling is None else dict(cfg.rope_scaling)
+    rope, max_positions = rope_parameters_for_hf(cfg.rope_scaling, cfg.rotary_base)
     extra = {"attention_bias": cfg.qkv_bias} if model_type == "qwen3" else {}
     hf_config = getattr(transformers, f"{family}Config")(
         hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
         num_key_value_heads=cfg.n_key_value_heads, head_dim=cfg.d_head, vocab_size=cfg.d_vocab,
-        max_position_embeddings=cfg.n_ctx, intermediate_size=cfg.d_mlp, hidden_act=cfg.act_fn,
+        max_position_embeddings=max_positions or cfg.n_ctx, intermediate_size=cfg.d_mlp, hidden_act=cfg.act_fn,
         rms_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.init_range, tie_word_embeddings=cfg.tied_unembed,
-        rope_parameters={**rope, "rope_theta": cfg.rotary_base},
+        rope_parameters=rope,
         use_sliding_window=any(local), sliding_window=cfg.window_size if any(local) else None,
         max_window_layers=local.index(True) if any(local) else cfg.n_layers,
         layer_types=["sliding_attention" if slides else "full_attention" for slides in local],
