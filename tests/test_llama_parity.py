@@ -174,6 +174,11 @@ def test_options_map_to_config():
     stated = make_hf_llama(rope_parameters={**ROPE_SCALINGS["dynamic"], "rope_theta": 500.0,
                                             "original_max_position_embeddings": 11})
     assert config_from_llama(stated.config).rope_scaling["original_max_position_embeddings"] == 40
+    from transformers import LlamaConfig
+
+    # a pre-5.x config (rope_theta and rope_scaling with the old "type" key), as an older config.json has
+    legacy = config_from_llama(LlamaConfig(**SIZES, rope_theta=123.0, rope_scaling={"type": "linear", "factor": 2.0}))
+    assert (legacy.rotary_base, legacy.rope_scaling) == (123.0, {"rope_type": "linear", "factor": 2.0})
 
 
 # Measured on this machine, 3 x 23 tokens, per case: max |error| of the float32 logits against
@@ -418,3 +423,20 @@ def test_modern_preset_exports_as_llama(tokens):
     with torch.no_grad():
         # measured 1.1e-6 (values up to 3.1), bound 1e-5: 9x
         torch.testing.assert_close(exported(tokens).logits, model(tokens), atol=1e-5, rtol=0)
+
+
+def test_ungrouped_keys_and_values_repeat_each_kv_head_for_its_query_heads(tokens):
+    """ungroup_grouped_query_attention: hook_k/hook_v [batch pos head d_head], query head h holding kv
+    head h // 3 (6 heads over 2), and transformers' logits still."""
+    hf = make_hf_llama(**CASES["gqa"])
+    grouped = HookedTransformer.from_hf(hf)
+    cfg = grouped.cfg.replace(ungroup_grouped_query_attention=True)
+    ungrouped = build(cfg, grouped.state_dict())
+    with torch.no_grad():
+        logits, cache = ungrouped.run_with_cache(tokens, names_filter=lambda n: n.endswith(("hook_k", "hook_v")))
+        _, grouped_cache = grouped.run_with_cache(tokens, names_filter=lambda n: n.endswith(("hook_k", "hook_v")))
+        # measured 6.3e-6 (the gqa case's float32 error, logits up to 6.5); the shared bound 1e-4, 16x
+        torch.testing.assert_close(logits, hf(tokens).logits, atol=LOGITS_F32, rtol=0)
+    for name, value in cache.items():
+        assert value.shape == (3, 23, 6, 8), name
+        assert torch.equal(value, grouped_cache[name].repeat_interleave(3, dim=2)), name
