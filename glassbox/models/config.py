@@ -200,6 +200,9 @@ class Config:
                 raise ValueError(f"Config.rope_scaling must be a dict whose 'rope_type' is one of {ROPE_TYPES}, got "
                                  f"{self.rope_scaling!r}")
             object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
+            from .positional import check_rope_scaling  # positional imports this module
+
+            check_rope_scaling(self.rope_scaling, self.rotary_dim, self.rotary_base)
         if not isinstance(self.norm_weight_offset, (int, float)) or isinstance(self.norm_weight_offset, bool):
             raise ValueError(f"Config.norm_weight_offset must be a number, got {self.norm_weight_offset!r}")
         if self.norm_weight_offset and self.normalization != "RMS":
