@@ -385,6 +385,32 @@ def test_export_picks_the_qwen_architecture():
             assert architecture_of_config(cfg).model_type == family, (family, variant)
 
 
+# -- weight processing --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_weight_processing_keeps_the_logits_or_is_refused_by_name(family):
+    """fold_ln and center_unembed (and, with Qwen3's o bias, fold_value_biases) keep the model's
+    logits (up to a constant per position for center_unembed); what cannot be exact is refused."""
+    from glassbox.weights.processing import process
+
+    def fresh():
+        return build(MAKE[family](**overrides(family, "mqa_tied_sliding")))
+
+    tokens = tokens_for()
+    steps = dict(fold_ln=True, center_unembed=True, fold_value_biases=family == "qwen3")
+    with torch.no_grad():
+        before, after = fresh()(tokens), process(fresh(), **steps)(tokens)
+    shift = (after - before).mean(-1, keepdim=True)
+    # measured <= 3.0e-5 (logits up to 9); bound 3e-4, 10x
+    torch.testing.assert_close(after - shift, before, atol=3e-4, rtol=0)
+    assert shift.abs().max() > 1e-3, "center_unembed moved the logits by a constant, as it must"
+    with pytest.raises(ValueError, match="center_writing_weights relies on LayerNorm removing the mean; "
+                                         "normalization='RMS'"):
+        process(fresh(), center_writing_weights=True)
+    if family == "qwen2":
+        with pytest.raises(ValueError, match="fold_value_biases folds b_V into b_O, but the model has no b_O"):
+            process(fresh(), fold_value_biases=True)
+
+
 # -- refusals ------------------------------------------------------------------------------------------------------
 def test_config_from_refuses_what_glassbox_does_not_compute():
     from transformers import Qwen2Config, Qwen3Config
