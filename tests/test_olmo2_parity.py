@@ -265,8 +265,9 @@ def test_refusals_name_the_option():
     def config(**fields):
         return Olmo2Config(**{**SIZES, **fields})
 
-    with pytest.raises(ValueError, match="rope scaling.*rope_type='linear'"):
-        config_from_olmo2(config(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}))
+    with pytest.raises(ValueError, match="rope_type='longrope' is not supported"):
+        config_from_olmo2(config(rope_parameters={"rope_type": "longrope", "factor": 2.0, "rope_theta": 1e4,
+                                                  "short_factor": [1.0] * 4, "long_factor": [1.0] * 4}))
     with pytest.raises(ValueError, match="hidden_act 'prelu' is not supported"):
         config_from_olmo2(config(hidden_act="prelu"))
     cfg = config_from_olmo2(config())
@@ -286,3 +287,26 @@ def test_refusals_name_the_option():
     sd["model.layers.0.input_layernorm.weight"] = torch.ones(21)  # a pre-norm model's weights are not OLMo 2's
     with pytest.raises(ValueError, match=r"1 tensor\(s\) that its config does not describe.*input_layernorm"):
         olmo2_to_glassbox(sd, cfg)
+
+
+ROPE_SCALINGS = {
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 3.0},  # acts past max_position_embeddings only: as default here
+    "llama3": {"rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": 8, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0},
+    "yarn": {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 8},
+}
+
+
+@pytest.mark.parametrize("rope", list(ROPE_SCALINGS))
+def test_rope_scaling(rope, tokens):
+    hf = make_hf_olmo2(rope_parameters={**ROPE_SCALINGS[rope], "rope_theta": 500.0})
+    model = HookedTransformer.from_hf(hf)
+    assert model.cfg.rope_scaling["rope_type"] == rope
+    with torch.no_grad():
+        expected = hf(tokens).logits
+        # measured <= 3.0e-6 over the rope types (logits up to 5.2); bound 3e-5, 10x
+        torch.testing.assert_close(model(tokens), expected, atol=3e-5, rtol=0)
+        if rope != "dynamic":  # the scaling changes the logits, so ignoring it would fail
+            assert (expected - make_hf_olmo2()(tokens).logits).abs().max() > 1e-2
+        torch.testing.assert_close(model.to_hf()(tokens).logits, expected, atol=0, rtol=0)

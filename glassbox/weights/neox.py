@@ -13,8 +13,10 @@ The fused ``query_key_value`` weight [3 * d_model, d_model] is laid out per head
 h * 3 * d_head + [0, d_head) are head h's query, the next d_head its key, the next its value
 (transformers views the output as [.., head, 3 * d_head] and chunks the last axis); the bias likewise.
 
-Refused by name (``config_from_neox``): rope types other than "default" (rope scaling), an
-activation glassbox does not compute, and a rotary dim that is zero or odd. Checkpoints that name the
+Rope scaling (``rope_parameters`` of rope_type "linear", "dynamic", "llama3" or "yarn") maps onto
+``Config.rope_scaling`` with transformers' parameter names; transformers scales the frequencies of the
+rotary_dim rotated dims, as ``RotaryTable`` does. Refused by name (``config_from_neox``): any other
+rope_type, an activation glassbox does not compute, and a rotary dim that is zero or odd. Checkpoints that name the
 unembedding ``embed_out.weight`` (the hub's Pythia files) are read as ``lm_head.weight``; the causal
 mask and rotary buffers older checkpoints saved are ignored. Every tensor's shape is checked.
 """
@@ -25,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..models import Config
-from ..models.config import ACT_FNS
+from ..models.config import ACT_FNS, ROPE_TYPES
 from .family import Architecture
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
 
@@ -34,7 +36,7 @@ NEOX_OPTIONS = dict(normalization="LN", norm_placement="pre", positional="rotary
 # Options GPT-NeoX has no field for, at the values its computation implies.
 NEOX_FIXED = dict(attn_scale=None, scale_attn_by_inverse_layer_idx=False, upcast_attn=False, qk_norm=None,
                   attn_scores_soft_cap=None, output_logits_soft_cap=None, attn_types=None, window_size=None,
-                  rotary_base_local=None, rope_scaling=None, norm_weight_offset=0.0, scale_embed=False)
+                  rotary_base_local=None, norm_weight_offset=0.0, scale_embed=False)
 # Buffers older checkpoints saved (causal masks, rotary frequencies), not weights.
 NEOX_IGNORED = (r"gpt_neox\.layers\.\d+\.attention\.(masked_)?bias", r"gpt_neox\.layers\.\d+\.attention\.rotary_emb\.inv_freq")
 
@@ -57,9 +59,16 @@ def config_from_neox(hf_config) -> Config:
     if act not in ACT_FNS:
         raise ValueError(f"GPT-NeoX hidden_act {act!r} is not supported (glassbox computes {', '.join(ACT_FNS)})")
     rope = dict(getattr(hf_config, "rope_parameters", None) or {})
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"GPT-NeoX rope scaling (rope_parameters rope_type={rope.get('rope_type')!r}) is not "
-                         "supported (only 'default')")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    scaling = None
+    if rope_type != "default":
+        if rope_type not in ROPE_TYPES:
+            raise ValueError(f"GPT-NeoX rope_parameters rope_type={rope_type!r} is not supported (glassbox computes "
+                             f"'default', {', '.join(map(repr, ROPE_TYPES))})")
+        scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor", "type")}
+        scaling["rope_type"] = rope_type
+        if rope_type == "dynamic":  # transformers' dynamic type scales from max_position_embeddings
+            scaling["original_max_position_embeddings"] = hf_config.max_position_embeddings
     heads, d_model = hf_config.num_attention_heads, hf_config.hidden_size
     d_head = d_model // heads
     pct = rope.get("partial_rotary_factor", 1.0)
@@ -72,7 +81,8 @@ def config_from_neox(hf_config) -> Config:
         d_model=d_model, n_layers=hf_config.num_hidden_layers, n_heads=heads, d_vocab=hf_config.vocab_size,
         n_ctx=hf_config.max_position_embeddings, d_head=d_head, d_mlp=hf_config.intermediate_size, act_fn=act,
         layer_norm_eps=hf_config.layer_norm_eps, init_range=hf_config.initializer_range, rotary_dim=rotary_dim,
-        rotary_base=float(rope.get("rope_theta", 10000.0)), tied_unembed=bool(hf_config.tie_word_embeddings),
+        rotary_base=float(rope.get("rope_theta", 10000.0)), rope_scaling=scaling,
+        tied_unembed=bool(hf_config.tie_word_embeddings),
         parallel_attn_mlp=bool(hf_config.use_parallel_residual), parallel_ln2=bool(hf_config.use_parallel_residual),
         qkv_bias=bias, attn_out_bias=bias, model_name=getattr(hf_config, "name_or_path", "") or "gpt_neox",
         **NEOX_OPTIONS,
@@ -96,6 +106,9 @@ def config_to_neox(cfg: Config):
     pct = _rotary_pct(cfg) if cfg.positional == "rotary" else None
     if cfg.positional == "rotary" and pct is None:
         wrong["rotary_dim"] = cfg.rotary_dim
+    scaling = cfg.rope_scaling or {}
+    if scaling.get("rope_type") == "dynamic" and scaling.get("original_max_position_embeddings") != cfg.n_ctx:
+        wrong["rope_scaling"] = scaling  # transformers' dynamic type scales from max_position_embeddings (n_ctx)
     if wrong:
         raise ValueError(f"not a GPT-NeoX-architecture config: {wrong} (GPT-NeoX needs {NEOX_OPTIONS}, "
                          "d_head * n_heads == d_model, no grouped-query attention, one attention_bias for the "
@@ -108,7 +121,8 @@ def config_to_neox(cfg: Config):
         hidden_act=cfg.act_fn, layer_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.init_range,
         tie_word_embeddings=cfg.tied_unembed, use_parallel_residual=cfg.parallel_attn_mlp,
         attention_bias=cfg.qkv_bias,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rotary_base, "partial_rotary_factor": pct},
+        rope_parameters={**(cfg.rope_scaling or {"rope_type": "default"}), "rope_theta": cfg.rotary_base,
+                         "partial_rotary_factor": pct},
         bos_token_id=min(0, last), eos_token_id=min(2, last),
     )
 

@@ -12,9 +12,10 @@ unembedding unless ``tie_word_embeddings``; ``attention_bias`` gives q/k/v and o
 hidden_size // num_attention_heads.
 
 HF stores nn.Linear weights as [d_out d_in]; ours right-multiply, so matrices are transposed and the
-per-head ones split along head * d_head. Refused by name: a hidden_act glassbox does not compute and
-rope scaling (``rope_parameters`` with a rope_type other than "default"). Every tensor's shape is
-checked.
+per-head ones split along head * d_head. Rope scaling (``rope_parameters`` of rope_type "linear",
+"dynamic", "llama3" or "yarn") maps onto ``Config.rope_scaling`` as for Llama (``llama.rope_from_hf``).
+Refused by name: a hidden_act glassbox does not compute and any other rope_type. Every tensor's shape
+is checked.
 """
 
 from typing import Mapping
@@ -25,11 +26,12 @@ from ..models import Config
 from ..models.config import ACT_FNS
 from .family import Architecture, options_beyond
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
+from .llama import rope_from_hf
 
 OLMO2_OPTIONS = dict(normalization="RMS", norm_placement="output", qk_norm="full", positional="rotary",
                      rotary_style="half", gated_mlp=True, use_bias=False, mlp_bias=False, unembed_bias=False,
                      parallel_attn_mlp=False, attn_only=False)
-OLMO2_ALLOWED = ("qk_norm", "n_key_value_heads", "qkv_bias", "attn_out_bias")
+OLMO2_ALLOWED = ("qk_norm", "n_key_value_heads", "qkv_bias", "attn_out_bias", "rope_scaling")
 
 OLMO2_CONFIG_FIELDS = {
     "num_hidden_layers": "size", "hidden_size": "size", "num_attention_heads": "size",
@@ -49,10 +51,7 @@ def config_from_olmo2(hf_config) -> Config:
     act = hf_config.hidden_act
     if act not in ACT_FNS:
         raise ValueError(f"OLMo 2 hidden_act {act!r} is not supported (glassbox computes {', '.join(ACT_FNS)})")
-    rope = dict(getattr(hf_config, "rope_parameters", None) or {})
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"OLMo 2 rope scaling (rope_parameters rope_type={rope.get('rope_type')!r}) is not "
-                         "supported (only 'default')")
+    rotary_base, rope_scaling = rope_from_hf(hf_config, "OLMo 2")
     heads = hf_config.num_attention_heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
     bias = bool(hf_config.attention_bias)
@@ -61,7 +60,7 @@ def config_from_olmo2(hf_config) -> Config:
         n_key_value_heads=hf_config.num_key_value_heads or heads, d_vocab=hf_config.vocab_size,
         n_ctx=hf_config.max_position_embeddings, d_head=head_dim, d_mlp=hf_config.intermediate_size, act_fn=act,
         layer_norm_eps=hf_config.rms_norm_eps, init_range=hf_config.initializer_range, rotary_dim=head_dim,
-        rotary_base=float(rope.get("rope_theta", 10000.0)),
+        rotary_base=rotary_base, rope_scaling=rope_scaling,
         tied_unembed=bool(hf_config.tie_word_embeddings), qkv_bias=bias, attn_out_bias=bias,
         model_name=getattr(hf_config, "name_or_path", "") or "olmo2", **OLMO2_OPTIONS,
     )
@@ -78,12 +77,15 @@ def config_to_olmo2(cfg: Config):
         wrong["rotary_dim"] = cfg.rotary_dim
     if cfg.qkv_bias != cfg.attn_out_bias:
         wrong["qkv_bias != attn_out_bias"] = (cfg.qkv_bias, cfg.attn_out_bias)
+    scaling = cfg.rope_scaling or {}
+    if scaling.get("rope_type") == "dynamic" and scaling.get("original_max_position_embeddings") != cfg.n_ctx:
+        wrong["rope_scaling"] = scaling  # transformers' dynamic type scales from max_position_embeddings (n_ctx)
     if wrong:
         raise ValueError(f"not an OLMo-2-architecture config: {wrong} (OLMo 2 needs {OLMO2_OPTIONS}, "
                          "rotary_dim == d_head, one attention_bias for the q/k/v and output projections, and no "
                          f"family option beyond {OLMO2_ALLOWED})")
     last = cfg.d_vocab - 1
-    rope = {"rope_type": "default", "rope_theta": cfg.rotary_base}
+    rope = {**(cfg.rope_scaling or {"rope_type": "default"}), "rope_theta": cfg.rotary_base}
     extra = {"head_dim": cfg.d_head} if cfg.d_head * cfg.n_heads != cfg.d_model else {}
     return Olmo2Config(
         hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
