@@ -72,7 +72,8 @@ def config_from_llama(hf_config) -> Config:
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"Mistral sliding_window={window!r} must be None or a positive integer")
     else:
-        attn_bias, mlp_bias = bool(getattr(hf_config, "attention_bias", False)), bool(getattr(hf_config, "mlp_bias", False))
+        attn_bias = bool(getattr(hf_config, "attention_bias", False))
+        mlp_bias = bool(getattr(hf_config, "mlp_bias", False))
         window = getattr(hf_config, "sliding_window", None)
         if window is not None and window < hf_config.max_position_embeddings:
             raise ValueError(f"Llama config with sliding_window={window} (< max_position_embeddings="
@@ -149,8 +150,8 @@ def _config_to(cfg: Config, family: str, needs: str):
     wrong = unrepresentable(cfg, family)
     if wrong:
         raise ValueError(f"not a {FAMILY_NAMES[family]}-architecture config: {wrong} ({FAMILY_NAMES[family]} "
-                         f"needs {LLAMA_OPTIONS} (act_fn any glassbox computes), rotary_dim == d_head, the 1/sqrt(d_head) score scale, no "
-                         f"family option beyond {MAPPED_OPTIONS}, and {needs})")
+                         f"needs {LLAMA_OPTIONS} (act_fn any glassbox computes), rotary_dim == d_head, the "
+                         f"1/sqrt(d_head) score scale, no family option beyond {MAPPED_OPTIONS}, and {needs})")
     last = cfg.d_vocab - 1
     rope = {"rope_type": "default"} if cfg.rope_scaling is None else dict(cfg.rope_scaling)
     if rope["rope_type"] == "dynamic":
