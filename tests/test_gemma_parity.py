@@ -406,3 +406,26 @@ def test_embedding_scale_rounds_as_transformers_at_released_widths(dtype):
             theirs.weight.fill_(1.0)
             token = torch.zeros(1, 1, dtype=torch.long)
             assert torch.equal(embed(token), theirs(token)), width
+
+
+@pytest.mark.parametrize("model_type", list(MAKERS))
+def test_weight_processing_is_invariant_or_refused(model_type, hf_models):
+    """fold_ln folds (1 + w) into the readers (every norm of a sandwich block that feeds a linear map)
+    and keeps the logits; centring the writers (RMSNorm removes no mean) and centring the unembedding
+    under a logit soft cap are refused by name."""
+    from glassbox.weights.processing import process
+
+    hf, tokens = hf_models[model_type], tokens_for(model_type)
+    with torch.no_grad():
+        expected = ours(hf, torch.float64)(tokens)
+        # measured <= 4.6e-15 (logits up to 6.1); bound 5e-14, 11x
+        torch.testing.assert_close(process(ours(hf, torch.float64), fold_ln=True)(tokens), expected, atol=5e-14, rtol=0)
+        with pytest.raises(ValueError, match="center_writing_weights relies on LayerNorm removing the mean"):
+            process(ours(hf, torch.float64), fold_ln=True, center_writing_weights=True)
+        if model_type == "gemma":  # no soft cap: the log-probabilities are unchanged
+            centred = process(ours(hf, torch.float64), center_unembed=True)(tokens)
+            # measured 2.7e-15 (log-probabilities down to -10.2); bound 3e-14, 11x
+            torch.testing.assert_close(centred.log_softmax(-1), expected.log_softmax(-1), atol=3e-14, rtol=0)
+        else:
+            with pytest.raises(ValueError, match="center_unembed is not exact with output_logits_soft_cap=3.0"):
+                process(ours(hf, torch.float64), center_unembed=True)
