@@ -95,26 +95,27 @@ def tokens_for(model_type, batch=3, pos=13, seed=1):
     return torch.randint(0, SIZES[model_type]["vocab_size"], (batch, pos), generator=torch.Generator().manual_seed(seed))
 
 
-def test_config_maps_every_option():
-    g1 = config_from_gemma(make_hf_gemma().config)
+def test_config_maps_every_option(hf_models):
+    import transformers
+
+    g1 = config_from_gemma(hf_models["gemma"].config)
     assert (g1.normalization, g1.norm_placement, g1.norm_weight_offset, g1.scale_embed, g1.gated_mlp, g1.act_fn) == (
         "RMS", "pre", 1.0, True, True, "gelu_new")
     assert (g1.d_head, g1.n_key_value_heads, g1.rotary_dim, g1.rotary_base, g1.attn_scale, g1.attn_types) == (
         8, 1, 8, 100.0, None, None)
     assert (g1.tied_unembed, g1.qkv_bias, g1.attn_out_bias, g1.mlp_bias) == (True, False, False, False)
-    g2 = config_from_gemma(make_hf_gemma2().config)
+    g2 = config_from_gemma(hf_models["gemma2"].config)
     assert (g2.norm_placement, g2.qk_norm, g2.attn_scale, g2.attn_scores_soft_cap, g2.output_logits_soft_cap) == (
         "sandwich", None, 13 ** -0.5, 4.0, 3.0)
     assert (g2.attn_types, g2.window_size, g2.rotary_base, g2.rotary_base_local, g2.n_key_value_heads) == (
         ("local", "global", "local"), WINDOW, 300.0, None, 2)
-    g3 = config_from_gemma(make_hf_gemma3_text().config)
+    g3 = config_from_gemma(hf_models["gemma3_text"].config)
     assert (g3.norm_placement, g3.qk_norm, g3.attn_scale, g3.attn_scores_soft_cap, g3.output_logits_soft_cap) == (
         "sandwich", "head", 11 ** -0.5, None, 3.0)
     assert (g3.rotary_base, g3.rotary_base_local, g3.rope_scaling, g3.window_size) == (1000.0, 20.0, None, WINDOW)
-    biased = config_from_gemma(make_hf_gemma3_text(attention_bias=True, tie_word_embeddings=False).config)
+    biased = config_from_gemma(transformers.Gemma3TextConfig(**SIZES["gemma3_text"], attention_bias=True,
+                                                             tie_word_embeddings=False))
     assert (biased.qkv_bias, biased.attn_out_bias, biased.mlp_bias, biased.tied_unembed) == (True, True, False, False)
-    import transformers
-
     assert config_from_gemma(transformers.Gemma2Config(**SIZES["gemma2"], hidden_activation="gelu")).act_fn == "gelu"
     # transformers reads Gemma 1's legacy hidden_act "gelu" as the tanh GELU, and so does glassbox
     assert config_from_gemma(transformers.GemmaConfig(**SIZES["gemma"], hidden_act="gelu")).act_fn == "gelu_new"
