@@ -310,3 +310,33 @@ def test_rope_scaling(rope, tokens):
         if rope != "dynamic":  # the scaling changes the logits, so ignoring it would fail
             assert (expected - make_hf_olmo2()(tokens).logits).abs().max() > 1e-2
         torch.testing.assert_close(model.to_hf()(tokens).logits, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("flag", ["use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp_in"])
+def test_hook_flags_keep_the_logits(case, flag, tokens):
+    """Each hook flag's per-head (per kv head for keys and values) or copied inputs compute the same model;
+    use_attn_in, one key input per query head, is refused where the grouped keys are normalised together."""
+    from glassbox.models.hook_flags import HookFlagError
+
+    name, hf, model = case
+    flagged = copy.deepcopy(model)
+    if flag == "use_attn_in" and model.cfg.n_key_value_heads < model.cfg.n_heads:
+        with pytest.raises(HookFlagError, match="use_attn_in.*qk_norm='full'"):
+            flagged.set_use_attn_in(True)
+        return
+    getattr(flagged, f"set_{flag}")(True)
+    with torch.no_grad():
+        # measured <= 6.0e-6 over the flags and cases (logits up to 6.8); bound 6e-5, 10x
+        torch.testing.assert_close(flagged(tokens), hf(tokens).logits, atol=6e-5, rtol=0)
+
+
+def test_residual_stream_adds_the_normalised_outputs(case, tokens):
+    """hook_attn_out and hook_mlp_out are the output norms' results, what the residual stream adds."""
+    name, hf, model = case
+    _, cache = model.run_with_cache(tokens)
+    for L in range(model.cfg.n_layers):
+        b = f"blocks.{L}."
+        assert torch.equal(cache[b + "hook_attn_out"], cache[b + "ln1.hook_out"])
+        assert torch.equal(cache[b + "hook_mlp_out"], cache[b + "ln2.hook_out"])
+        assert torch.equal(cache[b + "hook_resid_mid"], cache[b + "hook_resid_pre"] + cache[b + "hook_attn_out"])
+        assert torch.equal(cache[b + "hook_resid_post"], cache[b + "hook_resid_mid"] + cache[b + "hook_mlp_out"])
