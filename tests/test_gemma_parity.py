@@ -430,3 +430,43 @@ def test_weight_processing_is_invariant_or_refused(model_type, hf_models):
         else:
             with pytest.raises(ValueError, match="center_unembed is not exact with output_logits_soft_cap=3.0"):
                 process(ours(hf, torch.float64), center_unembed=True)
+
+
+def test_gemma3_image_text_checkpoint_loads_its_text_model(tmp_path):
+    """Gemma 3 4B-27B are Gemma3ForConditionalGeneration: glassbox builds the text model (the vision
+    tower is left out), from memory, from a transformers folder and from the hub files' older key names;
+    its export is a Gemma3ForCausalLM."""
+    import transformers
+
+    from glassbox.weights import from_pretrained
+    from glassbox.weights.gemma import gemma3_multimodal_to_glassbox
+
+    torch.manual_seed(7)
+    text = {**SIZES["gemma3_text"], "layer_types": LAYER_TYPES, "sliding_window": WINDOW, "query_pre_attn_scalar": 11,
+            "initializer_range": 0.3, "rope_parameters": {"full_attention": {"rope_type": "linear", "rope_theta": 1000.0, "factor": 4.0},
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 20.0}}}
+    vision = dict(hidden_size=16, intermediate_size=20, num_hidden_layers=1, num_attention_heads=2, image_size=8,
+                  patch_size=4)
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                       image_token_index=36, boi_token_index=34, eoi_token_index=35,
+                                       initializer_range=0.3)
+    config._attn_implementation = "eager"
+    hf = transformers.Gemma3ForConditionalGeneration(config)
+    perturb_vectors(hf)
+    hf.eval().save_pretrained(tmp_path)
+    tokens = torch.randint(0, 34, (2, 13), generator=torch.Generator().manual_seed(8))  # text tokens only
+    model = HookedTransformer.from_hf(hf)
+    with torch.no_grad():
+        expected = hf(tokens).logits
+        assert expected.abs().max() > 1.0
+        # measured 2.9e-6 (logits up to 7.3); bound 3e-5, 10x
+        torch.testing.assert_close(model(tokens), expected, atol=3e-5, rtol=0)
+        torch.testing.assert_close(from_pretrained(tmp_path)(tokens), model(tokens), atol=0, rtol=0)
+        assert isinstance(model.to_hf(), transformers.Gemma3ForCausalLM)
+    hub_names = {k.replace("model.language_model.", "language_model.model.").replace("model.vision_tower.", "vision_tower.")
+                 .replace("model.multi_modal_projector.", "multi_modal_projector."): v for k, v in hf.state_dict().items()}
+    assert "language_model.model.embed_tokens.weight" in hub_names and "vision_tower." in "".join(hub_names)
+    again = gemma3_multimodal_to_glassbox(hub_names, model.cfg)
+    assert set(again) == set(model.state_dict()) and all(torch.equal(again[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match=r"1 tensor\(s\) that its config does not describe, e\.g\. \['audio_tower\.w'\]"):
+        gemma3_multimodal_to_glassbox({**hub_names, "audio_tower.w": torch.zeros(1)}, model.cfg)

@@ -1,4 +1,4 @@
-"""Pure converters between ``transformers`` Gemma 1, 2 and 3 (text) and glassbox, both ways.
+"""Pure converters between ``transformers`` Gemma 1, 2 and 3 and glassbox, both ways.
 
 What the three compute, and the Config options each maps onto:
 - All: RMSNorm times (1 + w), w kept as the checkpoint stores it (``norm_weight_offset=1.0``; the
@@ -17,6 +17,11 @@ What the three compute, and the Config options each maps onto:
 - Gemma 3: q and k RMSNorm per head, also (1 + w) (``qk_norm="head"``); ``rope_parameters`` per
   layer type: "sliding_attention"'s rope_theta -> rotary_base_local, "full_attention"'s rope_theta
   and scaling -> rotary_base and rope_scaling (global layers only).
+
+Gemma 3 image-text checkpoints (model_type "gemma3", Gemma3ForConditionalGeneration: the 4B-27B
+releases) load as their text model: the language model's tensors under transformers 5's names or the
+hub files' older ones, the vision tower and projector left out (an image token is then just a token).
+Such a model exports as gemma3_text (Gemma3ForCausalLM).
 
 Refused by name, never approximated: ``use_bidirectional_attention``; a Gemma 3 config that sets
 ``attn_logit_softcapping`` (transformers' Gemma 3 attention never applies it, so what such a
@@ -280,6 +285,42 @@ def glassbox_to_gemma(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
     return {k: v.contiguous() for k, v in out.items()}
 
 
+# The text model's weights inside a Gemma 3 image-text checkpoint: transformers 5's own names, then
+# the hub files' older ones; the vision tower and its projector are not glassbox's to compute.
+MULTIMODAL_TEXT = ("model.language_model.", "language_model.model.")
+MULTIMODAL_OTHER = r"(model\.)?(vision_tower|multi_modal_projector)\..*"
+
+
+def config_from_gemma3_multimodal(hf_config) -> Config:
+    """The text model of a transformers Gemma3Config (Gemma3ForConditionalGeneration): images are not
+    glassbox's to compute, so the model built reads tokens only (an image token is just a token)."""
+    if getattr(hf_config, "model_type", None) != "gemma3":
+        raise ValueError(f"expected a Gemma 3 image-text config, got model_type={getattr(hf_config, 'model_type', None)!r}")
+    return config_from_gemma(hf_config.text_config)
+
+
+def gemma3_multimodal_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config,
+                                  source: str = "Gemma 3 image-text state dict") -> dict:
+    """The text model's tensors of a Gemma3ForConditionalGeneration state dict -> our state dict; the
+    vision tower and projector are left out, anything else unexpected is refused."""
+    check_no_extras({k: v for k, v in hf_state_dict.items() if not k.startswith(MULTIMODAL_TEXT)}, {}, source,
+                    ignored=(MULTIMODAL_OTHER, r"lm_head\.weight", r"language_model\.lm_head\.weight"))
+    text = {}
+    for key, value in hf_state_dict.items():
+        prefix = next((p for p in MULTIMODAL_TEXT if key.startswith(p)), None)
+        if prefix is not None:
+            text["model." + key[len(prefix):]] = value
+    for head in ("lm_head.weight", "language_model.lm_head.weight"):
+        if head in hf_state_dict and not cfg.tied_unembed:
+            text["lm_head.weight"] = hf_state_dict[head]
+    return gemma_to_glassbox(text, cfg, source)
+
+
+def config_to_gemma3_multimodal(cfg: Config):
+    raise ValueError("glassbox holds only the text model of a Gemma 3 image-text checkpoint: it exports as "
+                     "gemma3_text (Gemma3ForCausalLM)")
+
+
 _SIZES = {"num_hidden_layers": "size", "hidden_size": "size", "num_attention_heads": "size",
           "num_key_value_heads": "size?", "vocab_size": "size", "max_position_embeddings": "size",
           "intermediate_size": "size", "head_dim": "size", "rms_norm_eps": "number",
@@ -298,4 +339,5 @@ FAMILIES = [
     for model_type, config_class, model_class in (
         ("gemma", "GemmaConfig", "GemmaForCausalLM"), ("gemma2", "Gemma2Config", "Gemma2ForCausalLM"),
         ("gemma3_text", "Gemma3TextConfig", "Gemma3ForCausalLM"))
-]
+] + [Architecture("gemma3", "Gemma3Config", "Gemma3ForConditionalGeneration", config_from_gemma3_multimodal,
+                  gemma3_multimodal_to_glassbox, config_to_gemma3_multimodal, glassbox_to_gemma)]
