@@ -55,24 +55,6 @@ CASES = {
 ROPE_CASES = [name for name in CASES if name.startswith("rope_")]
 
 
-def rope_pending(name):
-    """Rope scaling is computed by positional.RotaryTable; where it is not (yet), model construction
-    raises NotImplementedError, and the rope cases are expected failures."""
-    from glassbox.models.positional import RotaryTable
-
-    try:
-        RotaryTable(8, 4, 10000.0, {"rope_type": "linear", "factor": 2.0})
-    except NotImplementedError:
-        return True
-    return False
-
-
-def case_params(names=CASES):
-    return [pytest.param(name, marks=pytest.mark.xfail(strict=True, raises=NotImplementedError,
-                                                       reason="rope scaling tables not implemented yet"))
-            if name in ROPE_CASES and rope_pending(name) else name for name in names]
-
-
 def make_hf_llama(seed=0, **config_overrides):
     """A perturbed, eval()'d, eager ``transformers.LlamaForCausalLM`` of SIZES with the overrides
     (LlamaConfig fields); rope_theta 500 unless rope_parameters is given."""
@@ -205,7 +187,7 @@ LOGITS_F32 = 1e-4
 LOGITS_F64 = 1e-4
 
 
-@pytest.mark.parametrize("case", case_params())
+@pytest.mark.parametrize("case", list(CASES))
 def test_logits_match_llama(case, tokens):
     hf = make_hf_llama(**CASES[case])
     model = HookedTransformer.from_hf(hf)
@@ -230,7 +212,7 @@ def test_float64_matches_transformers_widened(case, tokens, monkeypatch):
     torch.testing.assert_close(got, expected, atol=2e-13, rtol=0)
 
 
-@pytest.mark.parametrize("case", case_params(["gqa", "mqa", "biases", "rope_llama3", "rope_yarn"]))
+@pytest.mark.parametrize("case", ["gqa", "mqa", "biases", "rope_llama3", "rope_yarn"])
 def test_every_layer_matches_llama_hidden_states_and_attentions(case, tokens):
     hf = make_hf_llama(**CASES[case])
     model = HookedTransformer.from_hf(hf)
@@ -264,7 +246,7 @@ def test_every_layer_matches_llama_hidden_states_and_attentions(case, tokens):
 # mean |error| over all logits against HF's float64 logits, ours / HF's: measured 0.80..0.96 in
 # bfloat16 and 0.88..1.01 in float16 over the cases (the table above). Required: <= 1.2.
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("case", case_params(["plain", "gqa", "mqa", "biases", "tied", *ROPE_CASES]))
+@pytest.mark.parametrize("case", ["plain", "gqa", "mqa", "biases", "tied", *ROPE_CASES])
 def test_half_precision_error_no_worse_than_transformers(case, dtype, tokens, monkeypatch):
     hf = make_hf_llama(**CASES[case])
     assert_half_error_within(hf, dtype, tokens, monkeypatch)
@@ -285,7 +267,7 @@ def assert_half_error_within(hf, dtype, tokens, monkeypatch, ratio=1.2):
 NEW = 12
 
 
-@pytest.mark.parametrize("case", case_params(["gqa", "mqa", "biases", "tied", *ROPE_CASES]))
+@pytest.mark.parametrize("case", ["gqa", "mqa", "biases", "tied", *ROPE_CASES])
 def test_greedy_generation_and_left_padding_match_transformers(case):
     hf = make_hf_llama(**CASES[case])
     model = HookedTransformer.from_hf(hf)
@@ -356,7 +338,7 @@ def test_export_to_llama_gives_same_logits(tokens):
             torch.testing.assert_close(exported(tokens).logits, model(tokens), atol=5e-5, rtol=0)
 
 
-@pytest.mark.parametrize("case", case_params(["plain", "gqa", "mqa", "biases", "tied", *ROPE_CASES]))
+@pytest.mark.parametrize("case", ["plain", "gqa", "mqa", "biases", "tied", *ROPE_CASES])
 def test_model_level_from_hf_to_hf_and_folders(case, tokens, tmp_path):
     """from_hf, to_hf, save_pretrained and from_pretrained dispatch on the Llama architecture; the
     written folder loads in transformers with no missing or unexpected keys and the same logits."""
