@@ -38,7 +38,8 @@ NEOX_FIXED = dict(attn_scale=None, scale_attn_by_inverse_layer_idx=False, upcast
                   attn_scores_soft_cap=None, output_logits_soft_cap=None, attn_types=None, window_size=None,
                   rotary_base_local=None, norm_weight_offset=0.0, scale_embed=False)
 # Buffers older checkpoints saved (causal masks, rotary frequencies), not weights.
-NEOX_IGNORED = (r"gpt_neox\.layers\.\d+\.attention\.(masked_)?bias", r"gpt_neox\.layers\.\d+\.attention\.rotary_emb\.inv_freq")
+NEOX_IGNORED = (r"gpt_neox\.layers\.\d+\.attention\.(masked_)?bias",
+                r"gpt_neox\.layers\.\d+\.attention\.rotary_emb\.inv_freq")
 
 NEOX_CONFIG_FIELDS = {
     "num_hidden_layers": "size", "hidden_size": "size", "num_attention_heads": "size", "vocab_size": "size",

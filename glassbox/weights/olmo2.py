@@ -122,7 +122,8 @@ def olmo2_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config, source: 
     expected = hf_expected_shapes(cfg)
     check_shapes(sd, expected, source)
     # A tied model's lm_head is W_E again; older checkpoints saved rotary frequencies.
-    ignored = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",) + ((r"lm_head\.weight",) if cfg.tied_unembed else ())
+    ignored = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
+    ignored += (r"lm_head\.weight",) if cfg.tied_unembed else ()
     check_no_extras(sd, expected, source, ignored)
     D, Dh = cfg.d_model, cfg.d_head
     out = {"embed.W_E": sd["model.embed_tokens.weight"], "ln_final.w": sd["model.norm.weight"]}
