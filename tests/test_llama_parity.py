@@ -298,8 +298,8 @@ def assert_generation_matches(hf, model, lengths=(9, 5, 7), new=NEW, recompute=F
         with torch.no_grad():
             padded_logits = model(tokens, attention_mask=mask)
             for i, p in enumerate(prompts):
-                # measured <= 4.1e-6 (logits up to 7); bound 4e-5, 10x
-                torch.testing.assert_close(padded_logits[i, width - len(p):], model(p[None])[0], atol=4e-5, rtol=0,
+                # measured <= 1.8e-6 over the Llama and Mistral cases (logits up to 7); bound 2e-5, 11x
+                torch.testing.assert_close(padded_logits[i, width - len(p):], model(p[None])[0], atol=2e-5, rtol=0,
                                            msg=lambda m, i=i: f"prompt {i}, left-padded, differs from alone: {m}")
 
 
@@ -334,8 +334,8 @@ def test_export_to_llama_gives_same_logits(tokens):
             cfg.n_key_value_heads, cfg.qkv_bias, cfg.mlp_bias)
         exported = LlamaForCausalLM(hf_config).eval()
         exported.load_state_dict(glassbox_to_llama(model.state_dict(), cfg), strict=True)
-        with torch.no_grad():  # measured <= 5.2e-6 (logits up to 6.3); bound 5e-5, 10x
-            torch.testing.assert_close(exported(tokens).logits, model(tokens), atol=5e-5, rtol=0)
+        with torch.no_grad():  # measured <= 8.1e-6 (logits up to 6.8); bound 8e-5, 10x
+            torch.testing.assert_close(exported(tokens).logits, model(tokens), atol=8e-5, rtol=0)
 
 
 @pytest.mark.parametrize("case", ["plain", "gqa", "mqa", "biases", "tied", *ROPE_CASES])
@@ -417,8 +417,8 @@ def test_ungrouped_keys_and_values_repeat_each_kv_head_for_its_query_heads(token
     with torch.no_grad():
         logits, cache = ungrouped.run_with_cache(tokens, names_filter=lambda n: n.endswith(("hook_k", "hook_v")))
         _, grouped_cache = grouped.run_with_cache(tokens, names_filter=lambda n: n.endswith(("hook_k", "hook_v")))
-        # measured 6.3e-6 (the gqa case's float32 error, logits up to 6.5); the shared bound 1e-4, 16x
-        torch.testing.assert_close(logits, hf(tokens).logits, atol=LOGITS_F32, rtol=0)
+        # measured 6.3e-6 (logits up to 6.5); bound 6e-5, 10x
+        torch.testing.assert_close(logits, hf(tokens).logits, atol=6e-5, rtol=0)
     for name, value in cache.items():
         assert value.shape == (3, 23, 6, 8), name
         assert torch.equal(value, grouped_cache[name].repeat_interleave(3, dim=2)), name
