@@ -441,6 +441,10 @@ def test_config_from_refuses_what_glassbox_does_not_compute():
 def test_config_to_refuses_what_the_family_cannot_represent():
     qwen2 = config_from_qwen2(make_hf_qwen2(**SLIDING).config)
     qwen3 = config_from_qwen3(make_hf_qwen3(**SLIDING).config)
+    # integer numbers are written as the floats transformers' strict configs require
+    exported = config_to_qwen2(qwen2.replace(layer_norm_eps=1, rotary_base=1000, init_range=1))
+    assert (exported.rms_norm_eps, exported.rope_parameters["rope_theta"], exported.initializer_range) == (1.0, 1000.0, 1.0)
+    assert isinstance(exported.rms_norm_eps, float) and isinstance(exported.rope_parameters["rope_theta"], float)
     with pytest.raises(ValueError, match=r"not a Qwen2-architecture config: \{'attn_out_bias': True\}"):
         config_to_qwen2(qwen2.replace(attn_out_bias=True))
     with pytest.raises(ValueError, match=r"not a Qwen2-architecture config: \{'qk_norm': 'head'\}"):

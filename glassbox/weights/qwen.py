@@ -115,8 +115,6 @@ def config_from_qwen3(hf_config) -> Config:
 
 
 def _config_to(cfg: Config, model_type: str):
-    import transformers
-
     family = {"qwen2": "Qwen2", "qwen3": "Qwen3"}[model_type]
     wanted = dict(QWEN_OPTIONS, qk_norm="head" if model_type == "qwen3" else None)
     if model_type == "qwen2":
@@ -135,19 +133,30 @@ def _config_to(cfg: Config, model_type: str):
     local = [t == "local" for t in cfg.attn_types] if cfg.attn_types is not None else [False] * cfg.n_layers
     rope, max_positions = rope_parameters_for_hf(cfg.rope_scaling, cfg.rotary_base)
     extra = {"attention_bias": cfg.qkv_bias} if model_type == "qwen3" else {}
-    hf_config = getattr(transformers, f"{family}Config")(
+    rope["rope_theta"] = float(cfg.rotary_base)  # transformers' strict configs take floats only
+    try:
+        hf_config = _hf_config(cfg, family, rope, max_positions, local, extra)
+    except Exception as err:  # transformers validates its configs itself, with its own error types
+        raise ValueError(f"transformers' {family}Config refused this config ({type(err).__name__}: {err})") from err
+    _check_represents(cfg, _config_from(hf_config, model_type), family)
+    return hf_config
+
+
+def _hf_config(cfg: Config, family: str, rope: dict, max_positions, local: list, extra: dict):
+    import transformers
+
+    return getattr(transformers, f"{family}Config")(
         hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
         num_key_value_heads=cfg.n_key_value_heads, head_dim=cfg.d_head, vocab_size=cfg.d_vocab,
         max_position_embeddings=max_positions or cfg.n_ctx, intermediate_size=cfg.d_mlp, hidden_act=cfg.act_fn,
-        rms_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.init_range, tie_word_embeddings=cfg.tied_unembed,
+        rms_norm_eps=float(cfg.layer_norm_eps), initializer_range=float(cfg.init_range),
+        tie_word_embeddings=cfg.tied_unembed,
         rope_parameters=rope,
         use_sliding_window=any(local), sliding_window=cfg.window_size if any(local) else None,
         max_window_layers=local.index(True) if any(local) else cfg.n_layers,
         layer_types=["sliding_attention" if slides else "full_attention" for slides in local],
         **extra,
     )
-    _check_represents(cfg, _config_from(hf_config, model_type), family)
-    return hf_config
 
 
 def _check_represents(cfg: Config, back: Config, family: str) -> None:
