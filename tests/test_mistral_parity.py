@@ -14,10 +14,11 @@ import copy
 import pytest
 import torch
 
-from conftest import assert_round_trips, perturb_vectors
+from conftest import perturb_vectors
 from glassbox.models import HookedTransformer
 from glassbox.weights.llama import config_from_llama, config_to_llama, config_to_mistral
-from test_llama_parity import assert_generation_matches, assert_half_error_within, float64_transformers
+from test_llama_parity import (assert_generation_matches, assert_half_error_within, assert_round_trips,
+                               float64_transformers)
 
 SIZES = dict(hidden_size=30, num_attention_heads=6, num_key_value_heads=2, head_dim=8, intermediate_size=37,
              vocab_size=29, num_hidden_layers=2, max_position_embeddings=40, sliding_window=5)
