@@ -47,30 +47,31 @@ def _make(model_type, seed, overrides):
     return model.eval()
 
 
+COMMON = dict(initializer_range=0.3, rms_norm_eps=1e-6, attn_implementation="eager", pad_token_id=0, eos_token_id=1,
+              bos_token_id=2)
+
+
 def make_hf_gemma(seed=0, **config_overrides):
     """A transformers GemmaForCausalLM (eager) with seeded random, perturbed weights."""
-    return _make("gemma", seed, dict(dict(
-        initializer_range=0.3, rms_norm_eps=1e-6, attn_implementation="eager", pad_token_id=0, eos_token_id=1,
-        bos_token_id=2, rope_parameters={"rope_type": "default", "rope_theta": 100.0}), **config_overrides))
+    return _make("gemma", seed, {**COMMON, "rope_parameters": {"rope_type": "default", "rope_theta": 100.0},
+                                 **config_overrides})
 
 
 def make_hf_gemma2(seed=0, **config_overrides):
     """A transformers Gemma2ForCausalLM (eager): sliding, full, sliding layers, both soft caps binding."""
-    return _make("gemma2", seed, dict(dict(
-        initializer_range=0.3, rms_norm_eps=1e-6, attn_implementation="eager", pad_token_id=0, eos_token_id=1,
-        bos_token_id=2, rope_parameters={"rope_type": "default", "rope_theta": 300.0}, query_pre_attn_scalar=13,
-        sliding_window=WINDOW, layer_types=LAYER_TYPES, attn_logit_softcapping=4.0, final_logit_softcapping=3.0),
-        **config_overrides))
+    return _make("gemma2", seed, {
+        **COMMON, "rope_parameters": {"rope_type": "default", "rope_theta": 300.0}, "query_pre_attn_scalar": 13,
+        "sliding_window": WINDOW, "layer_types": LAYER_TYPES, "attn_logit_softcapping": 4.0,
+        "final_logit_softcapping": 3.0, **config_overrides})
 
 
 def make_hf_gemma3_text(seed=0, **config_overrides):
     """A transformers Gemma3ForCausalLM (eager): q/k norms, local and global rope bases, a final soft cap."""
-    return _make("gemma3_text", seed, dict(dict(
-        initializer_range=0.3, rms_norm_eps=1e-6, attn_implementation="eager", pad_token_id=0, eos_token_id=1,
-        bos_token_id=2, query_pre_attn_scalar=11, sliding_window=WINDOW, layer_types=LAYER_TYPES,
-        final_logit_softcapping=3.0,
-        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000.0},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 20.0}}), **config_overrides))
+    return _make("gemma3_text", seed, {
+        **COMMON, "query_pre_attn_scalar": 11, "sliding_window": WINDOW, "layer_types": LAYER_TYPES,
+        "final_logit_softcapping": 3.0,
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000.0},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 20.0}}, **config_overrides})
 
 
 MAKERS = {"gemma": make_hf_gemma, "gemma2": make_hf_gemma2, "gemma3_text": make_hf_gemma3_text}
