@@ -474,3 +474,44 @@ def test_converter_names_a_wrong_or_extra_tensor():
     sd = dict(make_hf_qwen2().state_dict(), **{"model.layers.0.self_attn.o_proj.bias": torch.zeros(60)})
     with pytest.raises(ValueError, match=r"does not describe.*o_proj\.bias"):
         qwen_to_glassbox(sd, config_from_qwen2(make_hf_qwen2().config))
+
+
+# -- checkpoints as released ----------------------------------------------------------------------------------
+RELEASED_FIELDS = {  # config.json fields as Qwen2.5's and Qwen3's releases write them (transformers 4.x)
+    "qwen2": dict(rope_theta=1000000.0, sliding_window=32768, use_sliding_window=False, max_window_layers=2,
+                  rope_scaling=None, torch_dtype="bfloat16", bos_token_id=3, eos_token_id=3),
+    "qwen3": dict(rope_theta=1000000, sliding_window=None, use_sliding_window=False, max_window_layers=3,
+                  rope_scaling=None, torch_dtype="bfloat16", attention_bias=False, bos_token_id=3, eos_token_id=3),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_released_style_config_json_loads(family, tmp_path):
+    """A folder whose config.json has the released checkpoints' fields (rope_theta at the top, no
+    rope_parameters or layer_types, a sliding_window that use_sliding_window=False switches off):
+    glassbox's from_pretrained computes what transformers computes from the same folder."""
+    import json
+
+    from glassbox.weights import from_pretrained
+
+    hf = MAKE[family](tie_word_embeddings=True)
+    hf.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for key in ("rope_parameters", "layer_types", "dtype"):
+        config.pop(key, None)
+    config.update(RELEASED_FIELDS[family])
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = from_pretrained(tmp_path)
+    reference = type(hf).from_pretrained(tmp_path, attn_implementation="eager", dtype=torch.float32).eval()
+    assert (model.cfg.attn_types, model.cfg.rotary_base, model.cfg.tied_unembed) == (None, 1e6, True)
+    tokens = tokens_for()
+    with torch.no_grad():
+        expected = reference(tokens).logits
+        assert (expected - hf(tokens).logits).abs().max() > 1e-2, "rope_theta 1e6 differs from the factory's 500"
+        got = model(tokens)
+    # With base 1e6 transformers' float32 rotary angles are the coarser: against the float64 formulas
+    # transformers is measured <= 7.6e-5 off and ours <= 2.8e-5 (logits up to 7.7).
+    # measured <= 8.7e-5 against transformers; bound 9e-4, 10x
+    torch.testing.assert_close(got, expected, atol=9e-4, rtol=0)
+    # measured <= 2.8e-5 against the formulas in float64; bound 3e-4, 11x
+    torch.testing.assert_close(got.double(), reference_logits(reference, tokens), atol=3e-4, rtol=0)
