@@ -116,6 +116,10 @@ class ModelMethods:
         inputs.check_flag("include_mlp_biases", include_mlp_biases)
         if mlp_input and layer == n:
             raise ValueError(f"mlp_input=True needs a block's MLP input: layer must be < n_layers={n}")
+        if self.cfg.norm_placement in ("sandwich", "output"):
+            raise ValueError(f"norm_placement={self.cfg.norm_placement!r}: each block's output biases pass through a "
+                             "norm at a per-position scale before they reach the residual stream, so their sum is not "
+                             "what the stream holds")
         W_E = self.W_E
         total = torch.zeros(self.cfg.d_model, device=W_E.device, dtype=W_E.dtype)
         parts = [(block, include_mlp_biases) for block in self.blocks[:layer]]

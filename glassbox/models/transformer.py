@@ -348,7 +348,9 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
     def QK(self):
         """Every head's QK circuit, ``FactoredMatrix(W_Q, W_K^T)`` [layer head d_model d_model] with hidden dim
         d_head: the attention score of query x_q on key x_k is x_q @ QK[layer, head] @ x_k^T, before the
-        1/sqrt(d_head) scale, without biases and, with rotary positions, without the rotation."""
+        1/sqrt(d_head) scale, without biases and, with rotary positions, without the rotation. With
+        ``qk_norm`` the scores are not x_q QK x_k^T at all (the norms act between), and with
+        ``attn_scores_soft_cap`` they are capped afterwards."""
         from ..interp.factored_matrix import FactoredMatrix
 
         return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
