@@ -180,7 +180,7 @@ def test_options_map_to_config():
 #   rope_yarn     8.3e-6   4.2e-6         3.2e-6    0.037/0.038 (0.96)  4.1e-3/4.6e-3 (0.90)
 # (rope cases, widened: transformers computes the scaled frequencies themselves in float32)
 # (rope_dynamic equals the default rotation here: transformers' dynamic scaling acts only past
-# max_position_embeddings, which glassbox's n_ctx refuses.)
+# max_position_embeddings; test_dynamic_rope_runs_past_max_position_embeddings goes there.)
 # float32: max 9.8e-6 over the cases (logits up to 6.7); bound 1e-4, 10x
 LOGITS_F32 = 1e-4
 # float64: limited by transformers' float32 norms, softmax and tables; max 9.2e-6, bound 1e-4, 11x
@@ -397,9 +397,7 @@ def test_refusals_name_the_problem(hf_llama):
                           (dict(attn_types=("local", "global"), window_size=4), "'attn_types': \\('local', 'global'\\)"),
                           (dict(norm_weight_offset=1.0), "'norm_weight_offset': 1.0"),
                           (dict(upcast_attn=True), "'upcast_attn': True"),
-                          (dict(output_logits_soft_cap=30.0), "'output_logits_soft_cap': 30.0"),
-                          (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0,
-                                              "original_max_position_embeddings": 20}), "'rope_scaling': .*'dynamic'")]:
+                          (dict(output_logits_soft_cap=30.0), "'output_logits_soft_cap': 30.0")]:
         with pytest.raises(ValueError, match="not a Llama-architecture config.*" + named):
             config_to_llama(cfg.replace(**change))
     sd = dict(hf_llama.state_dict())
@@ -441,3 +439,24 @@ def test_ungrouped_keys_and_values_repeat_each_kv_head_for_its_query_heads(token
     for name, value in cache.items():
         assert value.shape == (3, 23, 6, 8), name
         assert torch.equal(value, grouped_cache[name].repeat_interleave(3, dim=2)), name
+
+
+def test_dynamic_rope_runs_past_max_position_embeddings():
+    """A dynamic-rope Llama's context is factor x max_position_embeddings; past that length its
+    frequencies change, as in transformers, and the export writes the original length back."""
+    hf = make_hf_llama(**CASES["rope_dynamic"])
+    cfg = config_from_llama(hf.config)
+    original = SIZES["max_position_embeddings"]
+    assert cfg.n_ctx == int(ROPE_SCALINGS["dynamic"]["factor"] * original)
+    model = build(cfg, llama_to_glassbox(hf.state_dict(), cfg))
+    tokens = torch.randint(0, SIZES["vocab_size"], (2, original + original // 2),
+                           generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        expected = hf(tokens).logits
+        got = model(tokens)
+        plain = build(cfg.replace(rope_scaling=None), llama_to_glassbox(hf.state_dict(), cfg))(tokens)
+    assert (plain - expected).abs().max() > 0.1, "the sequence must reach the dynamic scaling"
+    # measured 6.3e-6 (logits up to 7.2), bound 6e-5: 10x
+    torch.testing.assert_close(got, expected, atol=6e-5, rtol=0)
+    exported = config_to_llama(cfg)
+    assert exported.max_position_embeddings == original and exported.rope_parameters["rope_type"] == "dynamic"

@@ -386,3 +386,13 @@ def rotate_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 ROTATIONS = {"half": rotate_half, "interleaved": rotate_interleaved}
+
+
+def scaled_context(max_position_embeddings: int, scaling) -> int:
+    """``Config.n_ctx`` of a converted rotary model: transformers' max_position_embeddings, except for
+    the dynamic type, which exists to run past that length (where its scaling starts): its context
+    is ``factor`` times longer. Converters export ``original_max_position_embeddings`` back as
+    max_position_embeddings (``rope_parameters_for_hf``)."""
+    if scaling is not None and scaling.get("rope_type") == "dynamic":
+        return math.ceil(max_position_embeddings * scaling["factor"])
+    return max_position_embeddings

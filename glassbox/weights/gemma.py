@@ -40,6 +40,7 @@ from typing import Mapping
 from torch import Tensor
 
 from ..models import Config
+from ..models.positional import scaled_context
 from .family import Architecture
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
 
@@ -116,8 +117,8 @@ def config_from_gemma(hf_config) -> Config:
     return Config(
         d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers, n_heads=heads,
         n_key_value_heads=hf_config.num_key_value_heads or heads, d_vocab=hf_config.vocab_size,
-        n_ctx=hf_config.max_position_embeddings, d_head=head_dim, d_mlp=hf_config.intermediate_size,
-        layer_norm_eps=hf_config.rms_norm_eps, init_range=hf_config.initializer_range, rotary_dim=head_dim,
+        n_ctx=scaled_context(hf_config.max_position_embeddings, options.get("rope_scaling")), d_head=head_dim,
+        d_mlp=hf_config.intermediate_size, layer_norm_eps=hf_config.rms_norm_eps, init_range=hf_config.initializer_range, rotary_dim=head_dim,
         tied_unembed=bool(hf_config.tie_word_embeddings),
         model_name=getattr(hf_config, "name_or_path", "") or model_type,
         **GEMMA_OPTIONS, **options,

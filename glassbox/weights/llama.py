@@ -37,6 +37,7 @@ from typing import Mapping
 from torch import Tensor
 
 from ..models import Config
+from ..models.positional import rope_parameters_for_hf, scaled_context
 from ..models.config import ACT_FNS, ROPE_TYPES
 from .checks import CONFIG_FIELDS, WEIGHT_LAYOUT
 from .family import Architecture, options_beyond
@@ -83,9 +84,10 @@ def config_from_llama(hf_config) -> Config:
                              "windowed model is Mistral's: model_type='mistral')")
         window = None  # never acts: no sequence reaches it
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    n_ctx = scaled_context(hf_config.max_position_embeddings, rope_scaling)  # dynamic: factor times longer
     return Config(
         d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers, n_heads=heads,
-        n_key_value_heads=kv_heads, d_vocab=hf_config.vocab_size, n_ctx=hf_config.max_position_embeddings,
+        n_key_value_heads=kv_heads, d_vocab=hf_config.vocab_size, n_ctx=n_ctx,
         d_head=head_dim, d_mlp=hf_config.intermediate_size,
         layer_norm_eps=hf_config.rms_norm_eps, init_range=hf_config.initializer_range, rotary_dim=head_dim,
         rotary_base=rotary_base, rope_scaling=rope_scaling, qkv_bias=attn_bias, attn_out_bias=attn_bias,
@@ -128,10 +130,6 @@ def unrepresentable(cfg: Config, family: str) -> dict:
         wrong["attn_scale"] = cfg.attn_scale  # both scale q.k by 1/sqrt(head_dim)
     if cfg.act_fn not in ACT_FNS:
         wrong["act_fn"] = cfg.act_fn
-    scaling = cfg.rope_scaling or {}
-    if scaling.get("rope_type") == "dynamic" and scaling.get("original_max_position_embeddings") != cfg.n_ctx:
-        # transformers' dynamic type scales from max_position_embeddings (n_ctx)
-        wrong["rope_scaling"] = scaling
     if family == "llama":
         if cfg.qkv_bias != cfg.attn_out_bias:  # one attention_bias flag for q, k, v and o
             wrong.update(qkv_bias=cfg.qkv_bias, attn_out_bias=cfg.attn_out_bias)
@@ -153,15 +151,14 @@ def _config_to(cfg: Config, family: str, needs: str):
                          f"needs {LLAMA_OPTIONS} (act_fn any glassbox computes), rotary_dim == d_head, the "
                          f"1/sqrt(d_head) score scale, no family option beyond {MAPPED_OPTIONS}, and {needs})")
     last = cfg.d_vocab - 1
-    rope = {"rope_type": "default"} if cfg.rope_scaling is None else dict(cfg.rope_scaling)
-    if rope["rope_type"] == "dynamic":
-        del rope["original_max_position_embeddings"]  # it is max_position_embeddings there (checked above)
+    # the dynamic type's original length is transformers' max_position_embeddings, not a dict key
+    rope, original = rope_parameters_for_hf(cfg.rope_scaling, cfg.rotary_base)
     fields = dict(
         hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
         num_key_value_heads=cfg.n_key_value_heads, head_dim=cfg.d_head, vocab_size=cfg.d_vocab,
-        max_position_embeddings=cfg.n_ctx, intermediate_size=cfg.d_mlp, hidden_act=cfg.act_fn,
+        max_position_embeddings=original or cfg.n_ctx, intermediate_size=cfg.d_mlp, hidden_act=cfg.act_fn,
         rms_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.init_range, tie_word_embeddings=cfg.tied_unembed,
-        rope_parameters={**rope, "rope_theta": cfg.rotary_base}, bos_token_id=min(1, last), eos_token_id=min(2, last),
+        rope_parameters=rope, bos_token_id=min(1, last), eos_token_id=min(2, last),
     )
     if family == "llama":
         return transformers.LlamaConfig(**fields, attention_bias=cfg.qkv_bias, mlp_bias=cfg.mlp_bias)

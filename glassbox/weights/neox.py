@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ..models import Config
 from ..models.config import ACT_FNS, ROPE_TYPES
+from ..models.positional import rope_parameters_for_hf, scaled_context
 from .family import Architecture
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
 
@@ -80,7 +81,8 @@ def config_from_neox(hf_config) -> Config:
     bias = bool(hf_config.attention_bias)
     return Config(
         d_model=d_model, n_layers=hf_config.num_hidden_layers, n_heads=heads, d_vocab=hf_config.vocab_size,
-        n_ctx=hf_config.max_position_embeddings, d_head=d_head, d_mlp=hf_config.intermediate_size, act_fn=act,
+        n_ctx=scaled_context(hf_config.max_position_embeddings, scaling), d_head=d_head,
+        d_mlp=hf_config.intermediate_size, act_fn=act,
         layer_norm_eps=hf_config.layer_norm_eps, init_range=hf_config.initializer_range, rotary_dim=rotary_dim,
         rotary_base=float(rope.get("rope_theta", 10000.0)), rope_scaling=scaling,
         tied_unembed=bool(hf_config.tie_word_embeddings),
@@ -108,22 +110,20 @@ def config_to_neox(cfg: Config):
     if cfg.positional == "rotary" and pct is None:
         wrong["rotary_dim"] = cfg.rotary_dim
     scaling = cfg.rope_scaling or {}
-    if scaling.get("rope_type") == "dynamic" and scaling.get("original_max_position_embeddings") != cfg.n_ctx:
-        wrong["rope_scaling"] = scaling  # transformers' dynamic type scales from max_position_embeddings (n_ctx)
     if wrong:
         raise ValueError(f"not a GPT-NeoX-architecture config: {wrong} (GPT-NeoX needs {NEOX_OPTIONS}, "
                          "d_head * n_heads == d_model, no grouped-query attention, one attention_bias for the "
                          "q/k/v and output projections, parallel_ln2 == parallel_attn_mlp, and none of "
                          f"{NEOX_FIXED} changed)")
     last = cfg.d_vocab - 1
+    rope, original = rope_parameters_for_hf(cfg.rope_scaling, cfg.rotary_base)  # dynamic: its original length
     return GPTNeoXConfig(
         hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-        vocab_size=cfg.d_vocab, max_position_embeddings=cfg.n_ctx, intermediate_size=cfg.d_mlp,
+        vocab_size=cfg.d_vocab, max_position_embeddings=original or cfg.n_ctx, intermediate_size=cfg.d_mlp,
         hidden_act=cfg.act_fn, layer_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.init_range,
         tie_word_embeddings=cfg.tied_unembed, use_parallel_residual=cfg.parallel_attn_mlp,
         attention_bias=cfg.qkv_bias,
-        rope_parameters={**(cfg.rope_scaling or {"rope_type": "default"}), "rope_theta": cfg.rotary_base,
-                         "partial_rotary_factor": pct},
+        rope_parameters={**rope, "partial_rotary_factor": pct},
         bos_token_id=min(0, last), eos_token_id=min(2, last),
     )
 

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from ..models import Config
 from ..models.config import ACT_FNS
+from ..models.positional import rope_parameters_for_hf, scaled_context
 from .family import Architecture, options_beyond
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
 from .llama import rope_from_hf
@@ -58,7 +59,8 @@ def config_from_olmo2(hf_config) -> Config:
     return Config(
         d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers, n_heads=heads,
         n_key_value_heads=hf_config.num_key_value_heads or heads, d_vocab=hf_config.vocab_size,
-        n_ctx=hf_config.max_position_embeddings, d_head=head_dim, d_mlp=hf_config.intermediate_size, act_fn=act,
+        n_ctx=scaled_context(hf_config.max_position_embeddings, rope_scaling), d_head=head_dim,
+        d_mlp=hf_config.intermediate_size, act_fn=act,
         layer_norm_eps=hf_config.rms_norm_eps, init_range=hf_config.initializer_range, rotary_dim=head_dim,
         rotary_base=rotary_base, rope_scaling=rope_scaling,
         tied_unembed=bool(hf_config.tie_word_embeddings), qkv_bias=bias, attn_out_bias=bias,
@@ -78,18 +80,17 @@ def config_to_olmo2(cfg: Config):
     if cfg.qkv_bias != cfg.attn_out_bias:
         wrong["qkv_bias != attn_out_bias"] = (cfg.qkv_bias, cfg.attn_out_bias)
     scaling = cfg.rope_scaling or {}
-    if scaling.get("rope_type") == "dynamic" and scaling.get("original_max_position_embeddings") != cfg.n_ctx:
-        wrong["rope_scaling"] = scaling  # transformers' dynamic type scales from max_position_embeddings (n_ctx)
     if wrong:
         raise ValueError(f"not an OLMo-2-architecture config: {wrong} (OLMo 2 needs {OLMO2_OPTIONS}, "
                          "rotary_dim == d_head, one attention_bias for the q/k/v and output projections, and no "
                          f"family option beyond {OLMO2_ALLOWED})")
     last = cfg.d_vocab - 1
-    rope = {**(cfg.rope_scaling or {"rope_type": "default"}), "rope_theta": cfg.rotary_base}
+    rope, original = rope_parameters_for_hf(cfg.rope_scaling, cfg.rotary_base)  # dynamic: its original length
     extra = {"head_dim": cfg.d_head} if cfg.d_head * cfg.n_heads != cfg.d_model else {}
     return Olmo2Config(
         hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_key_value_heads, vocab_size=cfg.d_vocab, max_position_embeddings=cfg.n_ctx,
+        num_key_value_heads=cfg.n_key_value_heads, vocab_size=cfg.d_vocab,
+        max_position_embeddings=original or cfg.n_ctx,
         intermediate_size=cfg.d_mlp, hidden_act=cfg.act_fn, rms_norm_eps=cfg.layer_norm_eps,
         initializer_range=cfg.init_range, tie_word_embeddings=cfg.tied_unembed, attention_bias=cfg.qkv_bias,
         rope_parameters=rope, pad_token_id=min(1, last), bos_token_id=None, eos_token_id=last, **extra,

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..models import Config
 from ..models.config import ACT_FNS, ROPE_TYPES
-from ..models.positional import rope_parameters_for_hf, rope_scaling_from_hf
+from ..models.positional import rope_parameters_for_hf, rope_scaling_from_hf, scaled_context
 from .family import Architecture
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
 
@@ -73,7 +73,7 @@ def _config_from(hf_config, model_type: str) -> Config:
     return Config(
         d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers, n_heads=heads,
         n_key_value_heads=hf_config.num_key_value_heads or heads,
-        d_vocab=hf_config.vocab_size, n_ctx=hf_config.max_position_embeddings, d_head=head_dim,
+        d_vocab=hf_config.vocab_size, n_ctx=scaled_context(hf_config.max_position_embeddings, scaling), d_head=head_dim,
         d_mlp=hf_config.intermediate_size, act_fn=hf_config.hidden_act, layer_norm_eps=hf_config.rms_norm_eps,
         init_range=hf_config.initializer_range, rotary_dim=head_dim,
         rotary_base=float(rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))), rope_scaling=scaling,
