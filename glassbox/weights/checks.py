@@ -21,7 +21,7 @@ CONFIG_FIELDS = {
     "gpt2": {"n_layer": "size", "n_embd": "size", "n_head": "size", "vocab_size": "size", "n_positions": "size",
              "n_inner": "size?", "activation_function": "str", "layer_norm_epsilon": "number",
              "initializer_range": "number>=0", "tie_word_embeddings": "bool", "scale_attn_weights": "bool",
-             "scale_attn_by_inverse_layer_idx": "bool"},
+             "scale_attn_by_inverse_layer_idx": "bool", "reorder_and_upcast_attn": "bool"},
     "llama": {"num_hidden_layers": "size", "hidden_size": "size", "num_attention_heads": "size",
               "num_key_value_heads": "size?", "vocab_size": "size", "max_position_embeddings": "size",
               "intermediate_size": "size", "head_dim": "size?", "hidden_act": "str", "rms_norm_eps": "number",
