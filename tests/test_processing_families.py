@@ -50,9 +50,6 @@ OPTIONS = {
 
 # option -> {step: a pattern the refusal's message must match (it names the step and the option)}.
 REFUSED = {
-    "qkv_bias_without_attn_out_bias": {
-        "fold_value_biases": r"fold_value_biases folds b_V into b_O.*qkv_bias=True with attn_out_bias=False",
-        "refactor_factored_attn_matrices": r"refactor_factored_attn_matrices folds b_V.*attn_out_bias=False"},
     "qk_norm_head": {"refactor_factored_attn_matrices": r"refactor_factored_attn_matrices is not exact with "
                                                         r"qk_norm='head'"},
     "qk_norm_full": {"refactor_factored_attn_matrices": r"refactor_factored_attn_matrices is not exact with "
@@ -176,7 +173,8 @@ def assert_step_did_its_work(step: str, model, processed) -> None:
             assert float(old[key].mean(-1).abs().max()) > 1e-3, key
     if step == "fold_value_biases" and "blocks.0.attn.b_V" in old:
         assert not new["blocks.0.attn.b_V"].any() and old["blocks.0.attn.b_V"].abs().min() > 0
-        assert float((new["blocks.0.attn.b_O"] - old["blocks.0.attn.b_O"]).abs().max()) > 1e-3
+        old_b_O = old.get("blocks.0.attn.b_O", torch.zeros_like(new["blocks.0.attn.b_O"]))  # Qwen2: made here
+        assert float((new["blocks.0.attn.b_O"] - old_b_O).abs().max()) > 1e-3
     if step == "refactor_factored_attn_matrices":
         W_O = new["blocks.0.attn.W_O"]
         eye = torch.eye(W_O.shape[1], dtype=W_O.dtype).expand(W_O.shape[0], -1, -1)
@@ -207,9 +205,12 @@ def test_every_allowed_step_together_keeps_predictions(option):
     processed = process(model, **steps)
     assert processed.processing == tuple(s for s in ALL_STEPS if s in steps)
     # The Config afterwards: untied (fold_ln or center_unembed ran), with b_U when ln_final's LayerNorm
-    # bias was folded; every other field, norm_weight_offset included, as it was.
+    # bias was folded, with b_O when fold_value_biases gave the attention one (b_V without b_O); every
+    # other field, norm_weight_offset included, as it was.
     new_b_U = model.cfg.normalization == "LN" and "fold_ln" in steps
-    assert processed.cfg == model.cfg.replace(tied_unembed=False, unembed_bias=model.cfg.unembed_bias or new_b_U)
+    new_b_O = model.cfg.qkv_bias and "fold_value_biases" in steps
+    assert processed.cfg == model.cfg.replace(tied_unembed=False, unembed_bias=model.cfg.unembed_bias or new_b_U,
+                                              attn_out_bias=model.cfg.attn_out_bias or new_b_O)
     assert processed.cfg == config_for(processed.state_dict(), model.cfg)
     assert_invariant(model, processed, steps)
 

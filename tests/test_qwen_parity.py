@@ -388,7 +388,7 @@ def test_export_picks_the_qwen_architecture():
 # -- weight processing --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("family", FAMILIES)
 def test_weight_processing_keeps_the_logits_or_is_refused_by_name(family):
-    """fold_ln and center_unembed (and, with Qwen3's o bias, fold_value_biases) keep the model's
+    """fold_ln, center_unembed and fold_value_biases (Qwen2 gains a b_O for it) keep the model's
     logits (up to a constant per position for center_unembed); what cannot be exact is refused."""
     from glassbox.weights.processing import process
 
@@ -396,7 +396,7 @@ def test_weight_processing_keeps_the_logits_or_is_refused_by_name(family):
         return build(MAKE[family](**overrides(family, "mqa_tied_sliding")))
 
     tokens = tokens_for()
-    steps = dict(fold_ln=True, center_unembed=True, fold_value_biases=family == "qwen3")
+    steps = dict(fold_ln=True, center_unembed=True, fold_value_biases=True)
     with torch.no_grad():
         before, after = fresh()(tokens), process(fresh(), **steps)(tokens)
     shift = (after - before).mean(-1, keepdim=True)
@@ -406,9 +406,10 @@ def test_weight_processing_keeps_the_logits_or_is_refused_by_name(family):
     with pytest.raises(ValueError, match="center_writing_weights relies on LayerNorm removing the mean; "
                                          "normalization='RMS'"):
         process(fresh(), center_writing_weights=True)
+    folded = process(fresh(), fold_value_biases=True)
+    assert folded.cfg.attn_out_bias and float(folded.blocks[0].attn.b_V.abs().max()) == 0.0
     if family == "qwen2":
-        with pytest.raises(ValueError, match="fold_value_biases folds b_V into b_O, but the model has no b_O"):
-            process(fresh(), fold_value_biases=True)
+        assert float(folded.blocks[0].attn.b_O.abs().max()) > 1e-3, "the value biases moved into a new b_O"
 
 
 # -- refusals ------------------------------------------------------------------------------------------------------

@@ -17,8 +17,8 @@
   constant per position, so log-probs are unchanged, logits are not. Refused with
   output_logits_soft_cap (the tanh cap does not commute with the shift).
 - ``fold_value_biases``: b_V moves into b_O (b_O += sum_h b_V[kv(h)] @ W_O[h], each query head with
-  its kv head's bias), exact because each attention pattern row sums to 1. Refused for a model with
-  b_V but no b_O (qkv_bias without attn_out_bias: Qwen2), which has no parameter to fold into.
+  its kv head's bias), exact because each attention pattern row sums to 1. A model with b_V but no
+  b_O (qkv_bias without attn_out_bias: Qwen2) gets one, and its Config attn_out_bias=True.
 - ``center_reader_weights`` (after ``fold_ln``, LayerNorm models): every matrix reading a norm's
   output (W_Q/W_K/W_V, W_in, W_gate, W_U) has its mean over d_model removed. Exact because a folded
   LayerNorm's output has zero mean over d_model; refused while any norm still has w != 1 or b != 0.
@@ -198,21 +198,18 @@ def center_unembed(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
     return sd
 
 
-def _refuse_b_V_without_b_O(sd: Mapping[str, Tensor], cfg: Config, step: str) -> None:
-    if any(f"blocks.{L}.attn.b_V" in sd and f"blocks.{L}.attn.b_O" not in sd for L in range(cfg.n_layers)):
-        raise ValueError(f"{step} folds b_V into b_O, but the model has no b_O (Config.qkv_bias=True with "
-                         "attn_out_bias=False): there is no parameter to fold the value biases into")
-
-
 def fold_value_biases(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
-    """Move b_V into b_O; a model without b_V is returned unchanged (there is nothing to fold)."""
-    _refuse_b_V_without_b_O(state_dict, cfg, "fold_value_biases")
+    """Move b_V into b_O; a model without b_V is returned unchanged (there is nothing to fold). A model
+    with b_V but no b_O (Qwen2: qkv_bias without attn_out_bias) gets a b_O, zero plus the folded
+    biases, as TransformerLens's always-present b_O does; ``config_for`` then records attn_out_bias."""
     sd = dict(state_dict)
     for L in range(cfg.n_layers):
         a = f"blocks.{L}.attn."
         if a + "b_V" not in sd:
             continue
         b_V = sd[a + "b_V"]  # [kv_head d_head]: query head h reads kv head h // n_kv_groups
+        if a + "b_O" not in sd:
+            sd[a + "b_O"] = b_V.new_zeros(cfg.d_model)
         per_head = lambda b_V: b_V.repeat_interleave(cfg.n_kv_groups, dim=0)  # noqa: E731
         sd[a + "b_O"] = _apply(sd[a + "b_O"],
                                lambda b_O, b_V, W_O: b_O + torch.einsum("he,hed->d", per_head(b_V), W_O),
@@ -264,7 +261,6 @@ def refactor_factored_attn_matrices(state_dict: Mapping[str, Tensor], cfg: Confi
         raise ValueError(f"{step} refactors each head's W_Q W_K^T and W_V W_O, but with n_key_value_heads="
                          f"{cfg.n_key_value_heads} < n_heads={cfg.n_heads} each kv head's W_K and W_V are shared by "
                          f"{cfg.n_kv_groups} query heads: no single refactored W_K, W_V fits all of them")
-    _refuse_b_V_without_b_O(state_dict, cfg, step)
     sd = fold_value_biases(state_dict, cfg)
     for L in range(cfg.n_layers):
         a = f"blocks.{L}.attn."
@@ -290,9 +286,13 @@ FUNCTIONS = {"fold_ln": fold_ln, "center_reader_weights": center_reader_weights,
 
 
 def config_for(state_dict: Mapping[str, Tensor], cfg: Config) -> Config:
-    """The Config of a processed state dict: untied when it has W_U_T, with b_U when it has one.
-    Nothing else changes (fold_ln keeps norm_weight_offset: its folded norms hold w = 1 - offset)."""
-    return cfg.replace(tied_unembed="unembed.W_U_T" not in state_dict, unembed_bias="unembed.b_U" in state_dict)
+    """The Config of a processed state dict: untied when it has W_U_T, with b_U when it has one, with
+    attn_out_bias when fold_value_biases gave the attention a b_O. Nothing else changes (fold_ln keeps
+    norm_weight_offset: its folded norms hold w = 1 - offset)."""
+    changes = dict(tied_unembed="unembed.W_U_T" not in state_dict, unembed_bias="unembed.b_U" in state_dict)
+    if cfg.n_layers and "blocks.0.attn.b_O" in state_dict:
+        changes["attn_out_bias"] = True
+    return cfg.replace(**changes)
 
 
 def process_state_dict(state_dict: Mapping[str, Tensor], cfg: Config, steps) -> tuple:
