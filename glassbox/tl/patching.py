@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..interp.act_names import act_name
+from ..models.hook_shapes import hook_shape
 from ..interp.patching import VariantMetric, activation_patch
 
 # TransformerLens's index axis names -> glassbox's sweep axes
@@ -93,7 +94,19 @@ def _template(activation_name: str) -> str:
 
 
 def _axis_size(model, tokens: Tensor, axis: str) -> int:
-    return {"layer": model.cfg.n_layers, "head": model.cfg.n_heads}.get(axis, tokens.shape[-1])
+    gcfg = getattr(model.cfg, "glassbox", model.cfg)  # glassbox's view of a TransformerLens config
+    return {"layer": gcfg.n_layers, "head": gcfg.n_heads, "kv_head": gcfg.n_key_value_heads}.get(axis, tokens.shape[-1])
+
+
+def _grouped_axes(model, template: str, axes):
+    """Engine axes with "head" read as "kv_head" where the hook holds grouped keys or values (grouped-query
+    attention: TransformerLens indexes past the kv heads there; glassbox sweeps each kv head)."""
+    if axes is None or "head" not in axes:
+        return axes
+    gcfg = getattr(model.cfg, "glassbox", model.cfg)
+    if "kv_head" not in hook_shape(template.format(L=0), model.hook_flags, gcfg).split():
+        return axes
+    return tuple("kv_head" if a == "head" else a for a in axes)
 
 
 def _out(values: Tensor, model) -> Tensor:
@@ -124,13 +137,15 @@ def generic_activation_patch(model, corrupted_tokens, clean_cache, patching_metr
     template = _template(activation_name)
     tokens, _ = model.input_to_tokens(corrupted_tokens, None, None, "right")
     metric = VariantMetric(patching_metric)
-    axes = ENGINE_AXES.get(patch_setter)
+    axes = _grouped_axes(model, template, ENGINE_AXES.get(patch_setter))
     if index_df is None:
         names = tuple(index_axis_names)
         unknown = [n for n in names if n not in AXIS_NAMES]
         if unknown:
             raise ValueError(f"index_axis_names {unknown} are not among {list(AXIS_NAMES)}")
-        sizes = [_axis_size(model, tokens, AXIS_NAMES[n]) for n in names]
+        grouped = axes is not None and "kv_head" in axes
+        sizes = [_axis_size(model, tokens, "kv_head" if grouped and AXIS_NAMES[n] == "head" else AXIS_NAMES[n])
+                 for n in names]
         if axes is not None and sizes == [_axis_size(model, tokens, a) for a in axes] and names[0] == "layer":
             values = _out(activation_patch(model, corrupted_tokens, clean_cache, metric, template, axes).values,
                           model)
