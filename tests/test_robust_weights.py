@@ -440,9 +440,10 @@ def test_an_impossible_llama_config_is_refused_naming_its_field(tmp_path):
     ({"layer_norm_epsilon": 0}, "field 'layer_norm_epsilon' must be a finite number > 0, got 0 (int)"),
     ({"activation_function": 3}, "field 'activation_function' must be a string, got 3 (int)"),
     ({"tie_word_embeddings": "yes"}, "field 'tie_word_embeddings' must be true or false, got 'yes' (str)"),
-    ({"model_type": ["gpt2"]}, "describes model_type=['gpt2']"),
+    ({"model_type": ["gpt2"], "architectures": ["NoSuchModel"]}, "describes model_type=['gpt2'] (architectures=['NoSuchModel'])"),
     ({"n_head": 4}, "Config.d_model=15 is not divisible by n_heads=4"),
-    ({"activation_function": "tanh"}, "GPT-2 activation_function 'tanh' is not one of"),
+    ({"activation_function": "prelu"}, "GPT-2 activation_function 'prelu' has learned parameters"),
+    ({"activation_function": "tanhh"}, "GPT-2 activation_function 'tanhh' is not one of"),
 ])
 def test_wrong_field_types_name_the_file_and_the_field(folder, changes, words):
     write_config(folder, **changes)
