@@ -45,8 +45,8 @@ def assert_round_trips(hf, hf_class, tokens, folder) -> HookedTransformer:
     reloaded = from_pretrained(folder)
     with torch.no_grad():
         expected = hf(tokens).logits
-        # measured <= 3.0e-6 (GPT-J and Llama logits up to 5.4); bound 3e-5, 10x
-        torch.testing.assert_close(model(tokens), expected, atol=3e-5, rtol=0)
+        # measured <= 4.5e-6 (GPT-J, Llama, GPT-NeoX, OLMo 2; logits up to 7.8); bound 5e-5, 11x
+        torch.testing.assert_close(model(tokens), expected, atol=5e-5, rtol=0)
         torch.testing.assert_close(exported(tokens).logits, expected, atol=0, rtol=0)
         torch.testing.assert_close(reloaded(tokens), model(tokens), atol=0, rtol=0)
     return model
