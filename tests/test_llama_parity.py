@@ -20,6 +20,7 @@ Errors measured (this machine, 3 x 23 tokens; logits up to ~7): the table above 
 
 import copy
 
+import conftest
 import pytest
 import torch
 
@@ -304,22 +305,8 @@ def assert_generation_matches(hf, model, lengths=(9, 5, 7), new=NEW, recompute=F
 
 
 def assert_round_trips(hf, hf_class, tokens, folder) -> HookedTransformer:
-    """from_hf, to_hf, save_pretrained and from_pretrained dispatch on hf's architecture: the model
-    matches hf's logits, its export is an ``hf_class`` with the same bits, and so is a reload."""
-    from glassbox.weights import from_pretrained, save_pretrained
-
-    model = HookedTransformer.from_hf(hf)
-    exported = model.to_hf()
-    assert isinstance(exported, hf_class)
-    save_pretrained(model, folder)
-    reloaded = from_pretrained(folder)
-    with torch.no_grad():
-        expected = hf(tokens).logits
-        # measured <= 1.2e-5 over the Llama and Mistral cases of seed 6 (logits up to 7); bound 1e-4, 8x
-        torch.testing.assert_close(model(tokens), expected, atol=LOGITS_F32, rtol=0)
-        torch.testing.assert_close(exported(tokens).logits, expected, atol=0, rtol=0)
-        torch.testing.assert_close(reloaded(tokens), model(tokens), atol=0, rtol=0)
-    return model
+    # measured <= 1.2e-5 over the Llama and Mistral cases of seed 6 (logits up to 7); bound 1e-4, 8x
+    return conftest.assert_round_trips(hf, hf_class, tokens, folder, atol=LOGITS_F32)
 
 
 def test_round_trip_ours_llama_ours_is_exact():
