@@ -99,3 +99,33 @@ def test_scale_gradient_matches_autograd_on_the_textbook_formula(preset):
     # measured 0 (values up to 0.089), bound 1e-12 (exact here)
     torch.testing.assert_close(cache[name + "_grad"], grad, atol=1e-12, rtol=1e-9)
     assert float(grad.abs().max()) > 1e-6
+
+
+@pytest.mark.parametrize("norm", ["RMS", "LN"])
+def test_a_float16_scale_above_256_is_finite_and_freezing_it_keeps_the_output(norm):
+    """An RMS (or deviation) above 256 has a mean square above float16's 65504: the scale is computed
+    in float32 and cast, so it is finite, equal to the float64 scale of the same stream to float16
+    rounding, and writing it back (freezing it) leaves the logits; the logit lens stays finite too."""
+    from glassbox.models import Config
+
+    cfg = Config(d_model=32, n_layers=1, n_heads=4, d_vocab=50, n_ctx=16, normalization=norm, positional="rotary")
+    torch.manual_seed(0)
+    model = HookedTransformer(cfg).to(torch.float16)
+    with torch.no_grad():
+        model.embed.W_E.mul_(20000)  # residual stream entries ~400
+    tokens = torch.randint(0, 50, (1, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens)
+        x = cache["blocks.0.hook_resid_pre"].double()
+        spread = x.var(-1, correction=0, keepdim=True) if norm == "LN" else x.pow(2).mean(-1, keepdim=True)
+        exact = (spread + cfg.layer_norm_eps).sqrt()
+        assert float(exact.min()) > 256, "the stream must be large enough to overflow a float16 mean square"
+        # float16 rounding: measured <= 4.3e-4 relative, bound 4e-3: 9x (float16's epsilon is 9.8e-4)
+        torch.testing.assert_close(cache["blocks.0.ln1.hook_scale"].double(), exact, rtol=4e-3, atol=0)
+        frozen = cache["blocks.0.ln1.hook_scale"]
+        again = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.ln1.hook_scale", lambda s, hook: frozen)])
+        assert torch.equal(again, logits)  # the frozen scale is the scale: the same bits
+        if norm == "RMS":
+            lens = cache.accumulated_resid(apply_ln=True)[-1]
+            # measured 2.0e-3 (values up to 2.4), bound 2e-2: 10x
+            torch.testing.assert_close(lens.float(), cache["ln_final.hook_out"].float(), atol=2e-2, rtol=0)

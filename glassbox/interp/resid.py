@@ -275,7 +275,9 @@ def apply_ln_to_stack(cache, residual_stack: Float[Tensor, "component ..."], lay
     if recompute_ln:
         if incl_bias:
             raise ValueError("recompute_ln normalises whole streams; each already includes the bias")
-        return x / (x.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt() * w + b
+        # the mean square in float32 for half-precision streams (above 65504 it is inf in float16)
+        wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        return x / (wide.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt().to(x.dtype) * w + b
     scale = slice_pos(cache, cache[scale_name], pos_slice).to(stack.device, stack.dtype)
     if cache.has_batch_dim:
         scale = index_axis(scale, batch_slice, 0, "batch_slice")

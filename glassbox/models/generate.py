@@ -157,7 +157,8 @@ def generate_from_embeds(model, embeds: Float[Tensor, "batch pos d_model"], max_
                          do_sample: bool = False, temperature: float = 1.0, top_k: Optional[int] = None,
                          top_p: Optional[float] = None, eos_token_id=..., seed: Optional[int] = None,
                          output_logits: bool = False, verbose: bool = False) -> tuple:
-    """Continue from token embeddings [batch pos d_model] (rows of W_E, or any vectors: a soft prompt).
+    """Continue from token embeddings [batch pos d_model] (``model.embed(tokens)``: rows of W_E, times
+    sqrt(d_model) under ``cfg.scale_embed``; or any vectors: a soft prompt).
 
     Each step's residual stream is the embeddings so far plus the position embeddings
     (``hook_pos_embed`` runs; ``hook_embed`` does not, the input being embeddings already), and the

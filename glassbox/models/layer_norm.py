@@ -40,7 +40,10 @@ class LayerNorm(nn.Module):
     def forward(self, x: Float[Tensor, "batch pos *head d_model"]) -> Float[Tensor, "batch pos *head d_model"]:
         hooked = None
         if self.hook_scale.has_hooks:
-            hooked = hooked_scale(self.hook_scale, (x.var(-1, correction=0, keepdim=True) + self.eps).sqrt())
+            # in float32 for half-precision x: a variance above 65504 is inf in float16
+            wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+            scale = (wide.var(-1, correction=0, keepdim=True) + self.eps).sqrt().to(x.dtype)
+            hooked = hooked_scale(self.hook_scale, scale)
         if hooked is None and not self.hook_normalized.has_hooks:
             return self.hook_out(F.layer_norm(x, x.shape[-1:], self.w, self.b, self.eps))
         if hooked is None:  # the scale was only read: the fused kernel normalises, without w and b

@@ -39,8 +39,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: Float[Tensor, "batch pos *head d_model"]) -> Float[Tensor, "batch pos *head d_model"]:
         hooked = None
         if self.hook_scale.has_hooks:
-            mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.shape[-1]
-            hooked = hooked_scale(self.hook_scale, (mean_square + self.eps).sqrt())
+            # in float32 for half-precision x: a mean square above 65504 (an RMS above 256) is inf in float16
+            wide = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+            mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=wide).square() / x.shape[-1]
+            hooked = hooked_scale(self.hook_scale, (mean_square + self.eps).sqrt().to(x.dtype))
         if self.offset:
             return self.offset_forward(x, hooked)
         if hooked is None and not self.hook_normalized.has_hooks:

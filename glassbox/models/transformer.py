@@ -194,6 +194,9 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
         if tokens is not None:
             raise ValueError("tokens= gives the loss's targets with start_at_layer only; without "
                              "start_at_layer the input is the tokens")
+        if past_kv_cache is not None and stop_at_layer is not None:
+            raise ValueError("stop_at_layer with past_kv_cache would extend only the first layers' keys and values, "
+                             "leaving the cache unusable; run the whole model to extend a cache")
         tokens, attention_mask = self.input_to_tokens(input, attention_mask, prepend_bos, padding_side)
         past = len(past_kv_cache) if past_kv_cache is not None else 0
         self.check_tokens(tokens, past)
