@@ -13,7 +13,8 @@ from typing import Optional
 import torch
 
 from ..models import HookedTransformer
-from ..weights.pretrained import DEFAULT_MODEL, HUB_MODELS, SHIPPED_DIR, from_pretrained, resolve, shipped_models
+from ..weights.pretrained import (DEFAULT_MODEL, HUB_MODELS, SHIPPED_DIR, from_pretrained, hub_cache_dir, hub_offline,
+                                  is_hub_repo_id, resolve, shipped_models)
 from .errors import UsageError, user_errors
 
 SEED_RANGE = (0, 2 ** 64 - 1)  # torch.manual_seed takes these (and negative ones, mapped onto them)
@@ -71,14 +72,15 @@ def load_model(name: str, device: Optional[str] = None, dtype: torch.dtype = tor
 
 def accepted_models(also_accepted: str = "") -> str:
     return (f"a model folder (config.json and weights, as save_pretrained and glassbox train write), a "
-            f"shipped model ({', '.join(shipped_models()) or 'none'}), a hub name ({', '.join(HUB_MODELS)})"
+            f"shipped model ({', '.join(shipped_models()) or 'none'}), a hub name ({', '.join(HUB_MODELS)}) or "
+            "a Hugging Face repo id ('org/name')"
             + (f" or {also_accepted}" if also_accepted else ""))
 
 
 def model_folder(name: str, also_accepted: str = "") -> Path:
     accepted = accepted_models(also_accepted)
     path = Path(name).expanduser()
-    if not path.is_dir() and not (SHIPPED_DIR / name).is_dir() and name not in HUB_MODELS:
+    if not path.is_dir() and not (SHIPPED_DIR / name).is_dir() and name not in HUB_MODELS and not is_hub_repo_id(name):
         if path.exists():
             raise UsageError(f"--model {name!r} is a file, not a model folder; give {accepted}")
         if "/" in name or "\\" in name or name.startswith((".", "~")):
@@ -86,18 +88,17 @@ def model_folder(name: str, also_accepted: str = "") -> Path:
         raise UsageError(f"--model {name!r} is not a known model; give {accepted}")
     try:
         return resolve(name)
-    except OSError as error:  # only hub names get here: no network, or not in the cache
+    except OSError as error:  # only hub names and repo ids get here: no network, or not in the cache
         raise UsageError(hub_failure(name, error.__cause__ or error)) from error
 
 
 def hub_failure(name: str, cause: BaseException) -> str:
-    import huggingface_hub.constants as hub
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     instead = f"pass a local model folder, or {DEFAULT_MODEL} (shipped with glassbox)"
     if isinstance(cause, LocalEntryNotFoundError):
-        why = "HF_HUB_OFFLINE is set" if hub.HF_HUB_OFFLINE else "the Hugging Face hub is unreachable"
-        return (f"--model {name!r}: {why} and {name} is not in the local Hugging Face cache ({hub.HF_HUB_CACHE}); "
+        why = "HF_HUB_OFFLINE is set" if hub_offline() else "the Hugging Face hub is unreachable"
+        return (f"--model {name!r}: {why} and {name} is not in the local Hugging Face cache ({hub_cache_dir()}); "
                 f"download it once with network access, or {instead}")
     first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
     return (f"--model {name!r}: could not fetch it from the Hugging Face hub ({type(cause).__name__}: {first}); "

@@ -48,6 +48,9 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
         super().__init__()
         if not isinstance(cfg, Config):
             raise TypeError(f"HookedTransformer needs a glassbox Config, got {type(cfg).__name__}")
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r} (names and 'auto' are for "
+                            "from_pretrained and from_hf)")
         if hook_flags is None:
             hook_flags = HookFlags()
         elif not isinstance(hook_flags, HookFlags):
@@ -368,7 +371,7 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
         return from_pretrained(name_or_path, device=device, dtype=dtype, **kwargs)
 
     @classmethod
-    def from_hf(cls, hf_model, tokenizer=None, device=None, dtype: Optional[torch.dtype] = None):
+    def from_hf(cls, hf_model, tokenizer=None, device=None, dtype: Union[torch.dtype, str, None] = None):
         """Build from an in-memory ``transformers`` GPT-2, Llama or GPT-J model (same weights, no processing)."""
         from ..weights import from_hf
 

@@ -49,7 +49,6 @@ Output = Union[None, Tensor, Loss, Tuple[Tensor, Loss]]
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 GPT2_TOKENIZER_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2", "openai-community/gpt2")
-HF_ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "gptj": "GPTJForCausalLM"}
 
 
 def _tokenizer_named(name: str):
@@ -179,7 +178,7 @@ class HookedTransformer(_GlassboxTransformer):
                          refactor_factored_attn_matrices)
         fold_ln = "fold_ln" in steps
         try:
-            architecture = HF_ARCHITECTURES.get(architecture_of_config(gcfg).model_type)
+            architecture = architecture_of_config(gcfg).hf_model_class
         except ValueError:
             architecture = None  # a glassbox-only combination: no Hugging Face class
         state, gcfg = process_state_dict({k: v.detach() for k, v in model.state_dict().items()}, gcfg, steps)
@@ -235,6 +234,8 @@ class HookedTransformer(_GlassboxTransformer):
         sd = {k: v for k, v in state_dict.items() if not k.endswith((".mask", ".IGNORE")) and "rotary_" not in k}
         if "unembed.W_U" in sd:
             sd["unembed.W_U_T"] = sd.pop("unembed.W_U").transpose(0, 1)
+        for key in [k for k in sd if ".attn._" in k]:  # TransformerLens's grouped _W_K, _W_V, _b_K, _b_V
+            sd[key.replace(".attn._", ".attn.")] = sd.pop(key)
         own = self.state_dict()
         for key, value in own.items():
             if key not in sd and (".ln" in key or key.startswith("ln_final.")):
@@ -372,11 +373,22 @@ class HookedTransformer(_GlassboxTransformer):
 def tl_steps(gcfg, fold_ln: bool, center_writing_weights: bool, center_unembed: bool, fold_value_biases: bool,
              refactor_factored_attn_matrices: bool) -> list:
     """glassbox's processing steps for TransformerLens's flags: fold_ln of a LayerNorm also centres its
-    readers; center_writing_weights only for LayerNorm; post-norm models skip both, with a warning."""
-    if gcfg.norm_placement != "pre" and (fold_ln or center_writing_weights):
+    readers; center_writing_weights only for pre-norm LayerNorm models; post-norm models skip both, and
+    sandwich / output-norm models the centring, and a logit soft cap skips center_unembed, with a warning
+    (as TransformerLens does)."""
+    if gcfg.norm_placement == "post" and (fold_ln or center_writing_weights):
         warnings.warn(f"{gcfg.model_name} is a post-norm model: fold_ln and center_writing_weights do not apply to "
                       "it and are skipped (as TransformerLens does for post-norm architectures)", stacklevel=4)
         fold_ln = center_writing_weights = False
+    if gcfg.norm_placement in ("sandwich", "output") and center_writing_weights and gcfg.normalization == "LN":
+        warnings.warn(f"{gcfg.model_name} writes into the residual stream through norms (norm_placement="
+                      f"{gcfg.norm_placement!r}): center_writing_weights does not apply and is skipped", stacklevel=4)
+    if gcfg.norm_placement != "pre":
+        center_writing_weights = False
+    if center_unembed and gcfg.output_logits_soft_cap is not None:
+        warnings.warn(f"{gcfg.model_name} soft-caps its logits: center_unembed would change its predictions and is "
+                      "skipped (as TransformerLens does)", stacklevel=4)
+        center_unembed = False
     layer_norm = gcfg.normalization == "LN"
     steps = []
     if fold_ln:

@@ -59,7 +59,7 @@ def get_pretrained_model_config(model_name: str, hf_cfg=None, checkpoint_index=N
     if named or n_devices != 1:
         raise ValueError(f"get_pretrained_model_config: {', '.join(named or ['n_devices'])} not supported by glassbox")
     cfg = config_of(get_official_model_name(model_name))
-    fields = dict(normalization_type=cfg.normalization + ("Pre" if fold_ln and cfg.norm_placement == "pre" else ""),
+    fields = dict(normalization_type=cfg.normalization + ("Pre" if fold_ln and cfg.norm_placement != "post" else ""),
                   dtype=dtype if dtype is not None else torch.float32, model_name=model_name,
                   layer_norm_folding=fold_ln)
     if device is not None:
