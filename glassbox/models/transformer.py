@@ -372,7 +372,8 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
 
     @classmethod
     def from_hf(cls, hf_model, tokenizer=None, device=None, dtype: Union[torch.dtype, str, None] = None):
-        """Build from an in-memory ``transformers`` GPT-2, Llama or GPT-J model (same weights, no processing)."""
+        """Build from an in-memory ``transformers`` model of a family glassbox converts (same weights, no
+        processing); ``dtype`` may be a name or "auto" (the model's own)."""
         from ..weights import from_hf
 
         return from_hf(hf_model, tokenizer=tokenizer, device=device, dtype=dtype)

@@ -4,7 +4,7 @@
 changes the glassbox model. ``share_memory=True`` skips the copy (half the memory): then every
 tensor whose layout the two models share is the same storage, and an edit to one shows in the
 other; tensors that must be rearranged are copies either way (GPT-2's fused ``c_attn`` weight and
-bias; Llama's and GPT-J's transposed projections), so the export is not a full view of the model.
+bias; the other families' transposed projections), so the export is not a full view of the model.
 
 ``save_pretrained`` never leaves a folder that mixes two models. It writes the whole new folder
 as a temporary sibling (``NAME.glassbox-tmp-XXXX``), flushes it to disk, then swaps: the old folder
@@ -37,8 +37,9 @@ MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "mo
 
 
 def to_hf(model: HookedTransformer, share_memory: bool = False):
-    """HookedTransformer -> ``transformers`` GPT2LMHeadModel, LlamaForCausalLM or GPTJForCausalLM (the
-    first that can represent the config; eager attention) with the same weights, in tensors of its
+    """HookedTransformer -> the ``transformers`` class of the first family in ``ARCHITECTURES`` that can
+    represent the config (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2/Qwen3, Gemma
+    1/2/3, GPTNeoXForCausalLM, Olmo2ForCausalLM, GPTJForCausalLM; eager attention) with the same weights, in tensors of its
     own unless ``share_memory`` (see the module docstring)."""
     import transformers
 
@@ -70,7 +71,7 @@ def to_hf(model: HookedTransformer, share_memory: bool = False):
 
 
 def save_pretrained(model: HookedTransformer, folder) -> None:
-    """Write a Hugging Face folder (GPT-2, Llama or GPT-J) that ``transformers`` and glassbox both
+    """Write a Hugging Face folder (of any family ``to_hf`` exports) that ``transformers`` and glassbox both
     load, replacing any model already there in one swap (see the module docstring)."""
     folder = Path(os.path.abspath(folder))  # normalised: "..", "." and "a/../b" name their real folder
     if folder.is_symlink():  # replace the folder the link points to, and keep the link
