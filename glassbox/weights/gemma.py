@@ -43,6 +43,7 @@ from ..models import Config
 from ..models.positional import scaled_context
 from .family import Architecture
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
+from .llama_layout import decoder_shapes, decoder_to_glassbox, decoder_to_hf
 
 # The tanh-approximation names transformers uses for Gemma's activation; glassbox calls it gelu_new.
 TANH_GELU = ("gelu_pytorch_tanh", "gelu_new", "gelu_python_tanh", "gelu_accurate")
@@ -211,25 +212,7 @@ def _norms(cfg: Config) -> tuple:
 
 
 def hf_expected_shapes(cfg: Config) -> dict:
-    D, Dh, M, V = cfg.d_model, cfg.d_head, cfg.d_mlp, cfg.d_vocab
-    q, kv = cfg.n_heads * Dh, cfg.n_key_value_heads * Dh
-    shapes = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
-    for L in range(cfg.n_layers):
-        h = f"model.layers.{L}."
-        shapes.update({h + f"{hf}.weight": (D,) for hf, _ in _norms(cfg)})
-        shapes.update({
-            h + "self_attn.q_proj.weight": (q, D), h + "self_attn.k_proj.weight": (kv, D),
-            h + "self_attn.v_proj.weight": (kv, D), h + "self_attn.o_proj.weight": (D, q),
-            h + "mlp.gate_proj.weight": (M, D), h + "mlp.up_proj.weight": (M, D), h + "mlp.down_proj.weight": (D, M),
-        })
-        if cfg.qkv_bias:
-            shapes.update({h + "self_attn.q_proj.bias": (q,), h + "self_attn.k_proj.bias": (kv,),
-                           h + "self_attn.v_proj.bias": (kv,), h + "self_attn.o_proj.bias": (D,)})
-        if cfg.qk_norm == "head":
-            shapes.update({h + "self_attn.q_norm.weight": (Dh,), h + "self_attn.k_norm.weight": (Dh,)})
-    if not cfg.tied_unembed:
-        shapes["lm_head.weight"] = (V, D)
-    return shapes
+    return decoder_shapes(cfg, _norms(cfg))
 
 
 def gemma_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config, source: str = "Gemma state dict") -> dict:
@@ -238,52 +221,13 @@ def gemma_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config, source: 
     expected = hf_expected_shapes(cfg)
     check_shapes(sd, expected, source)
     check_no_extras(sd, expected, source, ignored=(r"lm_head\.weight",) if cfg.tied_unembed else ())
-    D, Dh = cfg.d_model, cfg.d_head
-    out = {"embed.W_E": sd["model.embed_tokens.weight"], "ln_final.w": sd["model.norm.weight"]}
-    for L in range(cfg.n_layers):
-        h, p = f"model.layers.{L}.", f"blocks.{L}."
-        for name, proj in zip("QKV", "qkv"):
-            # [head*d_head d_model] -> [head d_model d_head]
-            out[p + f"attn.W_{name}"] = sd[h + f"self_attn.{proj}_proj.weight"].reshape(-1, Dh, D).transpose(1, 2)
-            if cfg.qkv_bias:
-                out[p + f"attn.b_{name}"] = sd[h + f"self_attn.{proj}_proj.bias"].reshape(-1, Dh)
-        out[p + "attn.W_O"] = sd[h + "self_attn.o_proj.weight"].T.reshape(cfg.n_heads, Dh, D)
-        if cfg.attn_out_bias:
-            out[p + "attn.b_O"] = sd[h + "self_attn.o_proj.bias"]
-        if cfg.qk_norm == "head":
-            out[p + "attn.q_norm.w"] = sd[h + "self_attn.q_norm.weight"]
-            out[p + "attn.k_norm.w"] = sd[h + "self_attn.k_norm.weight"]
-        out.update({p + f"{ours}.w": sd[h + f"{hf}.weight"] for hf, ours in _norms(cfg)})
-        out.update({p + "mlp.W_gate": sd[h + "mlp.gate_proj.weight"].T, p + "mlp.W_in": sd[h + "mlp.up_proj.weight"].T,
-                    p + "mlp.W_out": sd[h + "mlp.down_proj.weight"].T})
-    if not cfg.tied_unembed:
-        out["unembed.W_U_T"] = sd["lm_head.weight"]
-    return out
+    return decoder_to_glassbox(sd, cfg, _norms(cfg))
 
 
 def glassbox_to_gemma(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
     """Our state dict -> HF Gemma/Gemma2/Gemma3 ForCausalLM state dict (contiguous tensors)."""
-    sd = state_dict
-    check_shapes(sd, expected_shapes(cfg), "glassbox state dict")
-    D = cfg.d_model
-    out = {"model.embed_tokens.weight": sd["embed.W_E"], "model.norm.weight": sd["ln_final.w"]}
-    for L in range(cfg.n_layers):
-        h, p = f"model.layers.{L}.", f"blocks.{L}."
-        for name, proj in zip("QKV", "qkv"):
-            out[h + f"self_attn.{proj}_proj.weight"] = sd[p + f"attn.W_{name}"].transpose(1, 2).reshape(-1, D)
-            if cfg.qkv_bias:
-                out[h + f"self_attn.{proj}_proj.bias"] = sd[p + f"attn.b_{name}"].reshape(-1)
-        out[h + "self_attn.o_proj.weight"] = sd[p + "attn.W_O"].reshape(-1, D).T
-        if cfg.attn_out_bias:
-            out[h + "self_attn.o_proj.bias"] = sd[p + "attn.b_O"]
-        if cfg.qk_norm == "head":
-            out[h + "self_attn.q_norm.weight"] = sd[p + "attn.q_norm.w"]
-            out[h + "self_attn.k_norm.weight"] = sd[p + "attn.k_norm.w"]
-        out.update({h + f"{hf}.weight": sd[p + f"{ours}.w"] for hf, ours in _norms(cfg)})
-        out.update({h + "mlp.gate_proj.weight": sd[p + "mlp.W_gate"].T, h + "mlp.up_proj.weight": sd[p + "mlp.W_in"].T,
-                    h + "mlp.down_proj.weight": sd[p + "mlp.W_out"].T})
-    out["lm_head.weight"] = sd["unembed.W_U_T"] if not cfg.tied_unembed else sd["embed.W_E"]
-    return {k: v.contiguous() for k, v in out.items()}
+    check_shapes(state_dict, expected_shapes(cfg), "glassbox state dict")
+    return decoder_to_hf(state_dict, cfg, _norms(cfg))
 
 
 # The text model's weights inside a Gemma 3 image-text checkpoint: transformers 5's own names, then

@@ -42,6 +42,7 @@ from ..models.config import ACT_FNS, ROPE_TYPES
 from .checks import CONFIG_FIELDS, WEIGHT_LAYOUT
 from .family import Architecture, options_beyond
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
+from .llama_layout import MLP_NAMES, decoder_shapes, decoder_to_glassbox, decoder_to_hf  # noqa: F401 (MLP_NAMES: kept)
 
 # act_fn is Llama's default; a config's hidden_act replaces it (any activation glassbox computes).
 LLAMA_OPTIONS = dict(normalization="RMS", norm_placement="pre", positional="rotary", rotary_style="half",
@@ -179,33 +180,16 @@ def config_to_mistral(cfg: Config):
     return _config_to(cfg, "mistral", "no biases, and every layer local (sliding_window) or every layer global")
 
 
+# (HF name under model.layers.L., ours under blocks.L.) of each layer's two pre-norms.
+NORMS = (("input_layernorm", "ln1"), ("post_attention_layernorm", "ln2"))
+
+
 def hf_expected_shapes(cfg: Config) -> dict:
-    D, M, V, Dh = cfg.d_model, cfg.d_mlp, cfg.d_vocab, cfg.d_head
-    HDh, KDh = cfg.n_heads * Dh, cfg.n_key_value_heads * Dh
-    shapes = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
-    for L in range(cfg.n_layers):
-        h = f"model.layers.{L}."
-        shapes.update({
-            h + "input_layernorm.weight": (D,), h + "post_attention_layernorm.weight": (D,),
-            h + "self_attn.q_proj.weight": (HDh, D), h + "self_attn.k_proj.weight": (KDh, D),
-            h + "self_attn.v_proj.weight": (KDh, D), h + "self_attn.o_proj.weight": (D, HDh),
-            h + "mlp.gate_proj.weight": (M, D), h + "mlp.up_proj.weight": (M, D), h + "mlp.down_proj.weight": (D, M),
-        })
-        if cfg.qkv_bias:
-            shapes.update({h + "self_attn.q_proj.bias": (HDh,), h + "self_attn.k_proj.bias": (KDh,),
-                           h + "self_attn.v_proj.bias": (KDh,)})
-        if cfg.attn_out_bias:
-            shapes[h + "self_attn.o_proj.bias"] = (D,)
-        if cfg.mlp_bias:
-            shapes.update({h + "mlp.gate_proj.bias": (M,), h + "mlp.up_proj.bias": (M,), h + "mlp.down_proj.bias": (D,)})
-    if not cfg.tied_unembed:
-        shapes["lm_head.weight"] = (V, D)
-    return shapes
+    return decoder_shapes(cfg, NORMS)
 
 
 # Rotary frequencies that older checkpoints saved as buffers (recomputed from the config).
 HF_IGNORED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"model\.rotary_emb\.inv_freq")
-MLP_NAMES = (("gate", "gate_proj"), ("in", "up_proj"), ("out", "down_proj"))
 
 
 def llama_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config, source: str = "Llama state dict") -> dict:
@@ -216,52 +200,14 @@ def llama_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config, source: 
     expected = hf_expected_shapes(cfg)
     check_shapes(sd, expected, source)
     check_no_extras(sd, expected, source, HF_IGNORED + ((r"lm_head\.weight",) if cfg.tied_unembed else ()))
-    D, Dh = cfg.d_model, cfg.d_head
-    heads = {"q": cfg.n_heads, "k": cfg.n_key_value_heads, "v": cfg.n_key_value_heads}
-    out = {"embed.W_E": sd["model.embed_tokens.weight"], "ln_final.w": sd["model.norm.weight"]}
-    for L in range(cfg.n_layers):
-        h, p = f"model.layers.{L}.", f"blocks.{L}."
-        for name, proj in zip("QKV", "qkv"):
-            # [head*d_head d_model] -> [head d_model d_head] (kv_head for K and V)
-            weight = sd[h + f"self_attn.{proj}_proj.weight"]
-            out[p + f"attn.W_{name}"] = weight.reshape(heads[proj], Dh, D).transpose(1, 2)
-            if cfg.qkv_bias:
-                out[p + f"attn.b_{name}"] = sd[h + f"self_attn.{proj}_proj.bias"].reshape(heads[proj], Dh)
-        out[p + "attn.W_O"] = sd[h + "self_attn.o_proj.weight"].T.reshape(cfg.n_heads, Dh, D)
-        if cfg.attn_out_bias:
-            out[p + "attn.b_O"] = sd[h + "self_attn.o_proj.bias"]
-        out.update({p + "ln1.w": sd[h + "input_layernorm.weight"], p + "ln2.w": sd[h + "post_attention_layernorm.weight"]})
-        for ours, theirs in MLP_NAMES:
-            out[p + f"mlp.W_{ours}"] = sd[h + f"mlp.{theirs}.weight"].T
-            if cfg.mlp_bias:
-                out[p + f"mlp.b_{ours}"] = sd[h + f"mlp.{theirs}.bias"]
-    if not cfg.tied_unembed:
-        out["unembed.W_U_T"] = sd["lm_head.weight"]
-    return out
+    return decoder_to_glassbox(sd, cfg, NORMS)
 
 
 def glassbox_to_llama(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
     """Our state dict -> HF LlamaForCausalLM / MistralForCausalLM state dict (contiguous tensors)."""
     sd = state_dict
     check_shapes(sd, expected_shapes(cfg), "glassbox state dict")
-    D = cfg.d_model
-    out = {"model.embed_tokens.weight": sd["embed.W_E"], "model.norm.weight": sd["ln_final.w"]}
-    for L in range(cfg.n_layers):
-        h, p = f"model.layers.{L}.", f"blocks.{L}."
-        for name, proj in zip("QKV", "qkv"):
-            out[h + f"self_attn.{proj}_proj.weight"] = sd[p + f"attn.W_{name}"].transpose(1, 2).reshape(-1, D)
-            if cfg.qkv_bias:
-                out[h + f"self_attn.{proj}_proj.bias"] = sd[p + f"attn.b_{name}"].reshape(-1)
-        out[h + "self_attn.o_proj.weight"] = sd[p + "attn.W_O"].reshape(-1, D).T
-        if cfg.attn_out_bias:
-            out[h + "self_attn.o_proj.bias"] = sd[p + "attn.b_O"]
-        out.update({h + "input_layernorm.weight": sd[p + "ln1.w"], h + "post_attention_layernorm.weight": sd[p + "ln2.w"]})
-        for ours, theirs in MLP_NAMES:
-            out[h + f"mlp.{theirs}.weight"] = sd[p + f"mlp.W_{ours}"].T
-            if cfg.mlp_bias:
-                out[h + f"mlp.{theirs}.bias"] = sd[p + f"mlp.b_{ours}"]
-    out["lm_head.weight"] = sd["unembed.W_U_T"] if not cfg.tied_unembed else sd["embed.W_E"]
-    return {k: v.contiguous() for k, v in out.items()}
+    return decoder_to_hf(sd, cfg, NORMS)
 
 
 FAMILIES = [

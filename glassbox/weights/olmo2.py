@@ -28,6 +28,7 @@ from ..models.positional import rope_parameters_for_hf, scaled_context
 from .family import Architecture, options_beyond
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
 from .llama import rope_from_hf
+from .llama_layout import decoder_shapes, decoder_to_glassbox, decoder_to_hf
 
 OLMO2_OPTIONS = dict(normalization="RMS", norm_placement="output", qk_norm="full", positional="rotary",
                      rotary_style="half", gated_mlp=True, use_bias=False, mlp_bias=False, unembed_bias=False,
@@ -97,24 +98,12 @@ def config_to_olmo2(cfg: Config):
     )
 
 
+# (HF name under model.layers.L., ours under blocks.L.) of the norms of the two sublayers' outputs.
+NORMS = (("post_attention_layernorm", "ln1"), ("post_feedforward_layernorm", "ln2"))
+
+
 def hf_expected_shapes(cfg: Config) -> dict:
-    D, Q, KV, M, V = cfg.d_model, cfg.n_heads * cfg.d_head, cfg.n_key_value_heads * cfg.d_head, cfg.d_mlp, cfg.d_vocab
-    shapes = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
-    for L in range(cfg.n_layers):
-        h = f"model.layers.{L}."
-        shapes.update({
-            h + "self_attn.q_proj.weight": (Q, D), h + "self_attn.k_proj.weight": (KV, D),
-            h + "self_attn.v_proj.weight": (KV, D), h + "self_attn.o_proj.weight": (D, Q),
-            h + "self_attn.q_norm.weight": (Q,), h + "self_attn.k_norm.weight": (KV,),
-            h + "mlp.gate_proj.weight": (M, D), h + "mlp.up_proj.weight": (M, D), h + "mlp.down_proj.weight": (D, M),
-            h + "post_attention_layernorm.weight": (D,), h + "post_feedforward_layernorm.weight": (D,),
-        })
-        if cfg.qkv_bias:
-            shapes.update({h + "self_attn.q_proj.bias": (Q,), h + "self_attn.k_proj.bias": (KV,),
-                           h + "self_attn.v_proj.bias": (KV,), h + "self_attn.o_proj.bias": (D,)})
-    if not cfg.tied_unembed:
-        shapes["lm_head.weight"] = (V, D)
-    return shapes
+    return decoder_shapes(cfg, NORMS)
 
 
 def olmo2_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config, source: str = "OLMo 2 state dict") -> dict:
@@ -126,52 +115,13 @@ def olmo2_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config, source: 
     ignored = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
     ignored += (r"lm_head\.weight",) if cfg.tied_unembed else ()
     check_no_extras(sd, expected, source, ignored)
-    D, Dh = cfg.d_model, cfg.d_head
-    out = {"embed.W_E": sd["model.embed_tokens.weight"], "ln_final.w": sd["model.norm.weight"]}
-    for L in range(cfg.n_layers):
-        h, p = f"model.layers.{L}.", f"blocks.{L}."
-        for name, proj in zip("QKV", "qkv"):
-            # [head*d_head d_model] -> [head d_model d_head]
-            out[p + f"attn.W_{name}"] = sd[h + f"self_attn.{proj}_proj.weight"].reshape(-1, Dh, D).transpose(1, 2)
-            if cfg.qkv_bias:
-                out[p + f"attn.b_{name}"] = sd[h + f"self_attn.{proj}_proj.bias"].reshape(-1, Dh)
-        if cfg.attn_out_bias:
-            out[p + "attn.b_O"] = sd[h + "self_attn.o_proj.bias"]
-        out.update({
-            p + "attn.W_O": sd[h + "self_attn.o_proj.weight"].T.reshape(cfg.n_heads, Dh, D),
-            p + "attn.q_norm.w": sd[h + "self_attn.q_norm.weight"], p + "attn.k_norm.w": sd[h + "self_attn.k_norm.weight"],
-            p + "ln1.w": sd[h + "post_attention_layernorm.weight"], p + "ln2.w": sd[h + "post_feedforward_layernorm.weight"],
-            p + "mlp.W_gate": sd[h + "mlp.gate_proj.weight"].T, p + "mlp.W_in": sd[h + "mlp.up_proj.weight"].T,
-            p + "mlp.W_out": sd[h + "mlp.down_proj.weight"].T,
-        })
-    if not cfg.tied_unembed:
-        out["unembed.W_U_T"] = sd["lm_head.weight"]
-    return out
+    return decoder_to_glassbox(sd, cfg, NORMS)
 
 
 def glassbox_to_olmo2(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
     """Our state dict -> HF Olmo2ForCausalLM state dict (contiguous tensors)."""
-    sd = state_dict
-    check_shapes(sd, expected_shapes(cfg), "glassbox state dict")
-    D = cfg.d_model
-    out = {"model.embed_tokens.weight": sd["embed.W_E"], "model.norm.weight": sd["ln_final.w"]}
-    for L in range(cfg.n_layers):
-        h, p = f"model.layers.{L}.", f"blocks.{L}."
-        for name, proj in zip("QKV", "qkv"):
-            out[h + f"self_attn.{proj}_proj.weight"] = sd[p + f"attn.W_{name}"].transpose(1, 2).reshape(-1, D)
-            if cfg.qkv_bias:
-                out[h + f"self_attn.{proj}_proj.bias"] = sd[p + f"attn.b_{name}"].reshape(-1)
-        if cfg.attn_out_bias:
-            out[h + "self_attn.o_proj.bias"] = sd[p + "attn.b_O"]
-        out.update({
-            h + "self_attn.o_proj.weight": sd[p + "attn.W_O"].reshape(-1, D).T,
-            h + "self_attn.q_norm.weight": sd[p + "attn.q_norm.w"], h + "self_attn.k_norm.weight": sd[p + "attn.k_norm.w"],
-            h + "post_attention_layernorm.weight": sd[p + "ln1.w"], h + "post_feedforward_layernorm.weight": sd[p + "ln2.w"],
-            h + "mlp.gate_proj.weight": sd[p + "mlp.W_gate"].T, h + "mlp.up_proj.weight": sd[p + "mlp.W_in"].T,
-            h + "mlp.down_proj.weight": sd[p + "mlp.W_out"].T,
-        })
-    out["lm_head.weight"] = sd["unembed.W_U_T"] if not cfg.tied_unembed else sd["embed.W_E"]
-    return {k: v.contiguous() for k, v in out.items()}
+    check_shapes(state_dict, expected_shapes(cfg), "glassbox state dict")
+    return decoder_to_hf(state_dict, cfg, NORMS)
 
 
 FAMILIES = [Architecture("olmo2", "Olmo2Config", "Olmo2ForCausalLM", config_from_olmo2, olmo2_to_glassbox,

@@ -34,6 +34,7 @@ from ..models.config import ACT_FNS, ROPE_TYPES
 from ..models.positional import rope_parameters_for_hf, rope_scaling_from_hf, scaled_context
 from .family import Architecture
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
+from .llama_layout import decoder_shapes, decoder_to_glassbox, decoder_to_hf
 
 QWEN_OPTIONS = dict(normalization="RMS", norm_placement="pre", positional="rotary", rotary_style="half",
                     gated_mlp=True, use_bias=False, unembed_bias=False, parallel_attn_mlp=False, mlp_bias=False)
@@ -47,6 +48,8 @@ NOT_ARCHITECTURE = ("model_name", "init_range", "init_scheme", "default_prepend_
 # Tensors a checkpoint may hold that the architecture does not use: a tied lm_head (W_E again) and
 # the rotary inverse frequencies that older checkpoints saved.
 HF_IGNORED = (r"lm_head\.weight", r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+# (HF name under model.layers.L., ours under blocks.L.) of each layer's two pre-norms.
+NORMS = (("input_layernorm", "ln1"), ("post_attention_layernorm", "ln2"))
 
 
 def _config_from(hf_config, model_type: str) -> Config:
@@ -189,27 +192,7 @@ def config_to_qwen3(cfg: Config):
 
 def hf_expected_shapes(cfg: Config) -> dict:
     """HF's tensor names and shapes for a Qwen2 (qkv_bias, no attn_out_bias) or Qwen3 (qk_norm) config."""
-    D, Dh, M, V = cfg.d_model, cfg.d_head, cfg.d_mlp, cfg.d_vocab
-    Q, KV = cfg.n_heads * Dh, cfg.n_key_value_heads * Dh
-    shapes = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
-    for L in range(cfg.n_layers):
-        h = f"model.layers.{L}."
-        shapes.update({
-            h + "input_layernorm.weight": (D,), h + "post_attention_layernorm.weight": (D,),
-            h + "self_attn.q_proj.weight": (Q, D), h + "self_attn.k_proj.weight": (KV, D),
-            h + "self_attn.v_proj.weight": (KV, D), h + "self_attn.o_proj.weight": (D, Q),
-            h + "mlp.gate_proj.weight": (M, D), h + "mlp.up_proj.weight": (M, D), h + "mlp.down_proj.weight": (D, M),
-        })
-        if cfg.qkv_bias:
-            shapes.update({h + "self_attn.q_proj.bias": (Q,), h + "self_attn.k_proj.bias": (KV,),
-                           h + "self_attn.v_proj.bias": (KV,)})
-        if cfg.attn_out_bias:
-            shapes[h + "self_attn.o_proj.bias"] = (D,)
-        if cfg.qk_norm == "head":
-            shapes.update({h + "self_attn.q_norm.weight": (Dh,), h + "self_attn.k_norm.weight": (Dh,)})
-    if not cfg.tied_unembed:
-        shapes["lm_head.weight"] = (V, D)
-    return shapes
+    return decoder_shapes(cfg, NORMS)
 
 
 def qwen_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config, source: str = "Qwen state dict") -> dict:
@@ -219,29 +202,7 @@ def qwen_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config, source: s
     expected = hf_expected_shapes(cfg)
     check_shapes(sd, expected, source)
     check_no_extras(sd, expected, source, HF_IGNORED)
-    D, Dh = cfg.d_model, cfg.d_head
-    out = {"embed.W_E": sd["model.embed_tokens.weight"], "ln_final.w": sd["model.norm.weight"]}
-    for L in range(cfg.n_layers):
-        h, p = f"model.layers.{L}.", f"blocks.{L}."
-        for name, proj in zip("QKV", "qkv"):
-            # [head*d_head d_model] -> [head d_model d_head] (kv heads for K and V)
-            out[p + f"attn.W_{name}"] = sd[h + f"self_attn.{proj}_proj.weight"].reshape(-1, Dh, D).transpose(1, 2)
-            if cfg.qkv_bias:
-                out[p + f"attn.b_{name}"] = sd[h + f"self_attn.{proj}_proj.bias"].reshape(-1, Dh)
-        if cfg.attn_out_bias:
-            out[p + "attn.b_O"] = sd[h + "self_attn.o_proj.bias"]
-        if cfg.qk_norm == "head":
-            out[p + "attn.q_norm.w"] = sd[h + "self_attn.q_norm.weight"]
-            out[p + "attn.k_norm.w"] = sd[h + "self_attn.k_norm.weight"]
-        out.update({
-            p + "attn.W_O": sd[h + "self_attn.o_proj.weight"].T.reshape(cfg.n_heads, Dh, D),
-            p + "ln1.w": sd[h + "input_layernorm.weight"], p + "ln2.w": sd[h + "post_attention_layernorm.weight"],
-            p + "mlp.W_gate": sd[h + "mlp.gate_proj.weight"].T, p + "mlp.W_in": sd[h + "mlp.up_proj.weight"].T,
-            p + "mlp.W_out": sd[h + "mlp.down_proj.weight"].T,
-        })
-    if not cfg.tied_unembed:
-        out["unembed.W_U_T"] = sd["lm_head.weight"]
-    return out
+    return decoder_to_glassbox(sd, cfg, NORMS)
 
 
 def glassbox_to_qwen(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
@@ -249,27 +210,7 @@ def glassbox_to_qwen(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
     tied lm_head is W_E)."""
     sd = state_dict
     check_shapes(sd, expected_shapes(cfg), "glassbox state dict")
-    D = cfg.d_model
-    out = {"model.embed_tokens.weight": sd["embed.W_E"], "model.norm.weight": sd["ln_final.w"]}
-    for L in range(cfg.n_layers):
-        h, p = f"model.layers.{L}.", f"blocks.{L}."
-        for name, proj in zip("QKV", "qkv"):
-            out[h + f"self_attn.{proj}_proj.weight"] = sd[p + f"attn.W_{name}"].transpose(1, 2).reshape(-1, D)
-            if cfg.qkv_bias:
-                out[h + f"self_attn.{proj}_proj.bias"] = sd[p + f"attn.b_{name}"].reshape(-1)
-        if cfg.attn_out_bias:
-            out[h + "self_attn.o_proj.bias"] = sd[p + "attn.b_O"]
-        if cfg.qk_norm == "head":
-            out[h + "self_attn.q_norm.weight"] = sd[p + "attn.q_norm.w"]
-            out[h + "self_attn.k_norm.weight"] = sd[p + "attn.k_norm.w"]
-        out.update({
-            h + "self_attn.o_proj.weight": sd[p + "attn.W_O"].reshape(-1, D).T,
-            h + "input_layernorm.weight": sd[p + "ln1.w"], h + "post_attention_layernorm.weight": sd[p + "ln2.w"],
-            h + "mlp.gate_proj.weight": sd[p + "mlp.W_gate"].T, h + "mlp.up_proj.weight": sd[p + "mlp.W_in"].T,
-            h + "mlp.down_proj.weight": sd[p + "mlp.W_out"].T,
-        })
-    out["lm_head.weight"] = sd["unembed.W_U_T"] if not cfg.tied_unembed else sd["embed.W_E"]
-    return {k: v.contiguous() for k, v in out.items()}
+    return decoder_to_hf(sd, cfg, NORMS)
 
 
 # config.json field -> kind (checks.py), and the layer count / embedding layout checked against the weights.
