@@ -14,8 +14,9 @@ With the flag ``use_attn_result``, ``hook_result`` [batch pos head d_model] hold
 z[h] @ W_O[h], and the output is their sum over heads plus b_O (again equal to the fused W_O product
 to float rounding); without it no per-head tensor is made.
 
-When nothing is attached to ``hook_attn_scores`` or ``hook_pattern`` the pattern is never
-materialised and the fused ``scaled_dot_product_attention`` kernel runs instead; its numbers agree
+When nothing is attached to ``hook_attn_scores`` or ``hook_pattern``, and there is no score soft cap
+and no float32 upcast of a half-precision model, the pattern is never materialised and the fused
+``scaled_dot_product_attention`` kernel runs instead; its numbers agree
 with the explicit path to float rounding (tested).
 
 ``attn_mask`` is None for plain causal attention over a fresh sequence, else a bool tensor

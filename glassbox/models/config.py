@@ -27,8 +27,8 @@ The options of today's model families (each defaults to GPT-2's behaviour):
 - attn_scores_soft_cap, output_logits_soft_cap: cap * tanh(x / cap) on the scores (before the mask)
   and on the logits (Gemma 2).
 - attn_types: one of "global" | "local" per layer (None: all global); local layers attend to the
-  window_size most recent positions, themselves included (q - k < window_size), and use
-  rotary_base_local (without rope_scaling) when it is set (Gemma 2 and 3, Mistral).
+  window_size most recent positions, themselves included (q - k < window_size: Gemma 2 and 3,
+  Mistral, Qwen2), and use rotary_base_local (without rope_scaling) when it is set (Gemma 3).
 - rope_scaling: None or a dict {"rope_type": "linear" | "dynamic" | "llama3" | "yarn", ...} with
   Hugging Face's parameter names (see ``positional.py``).
 - norm_weight_offset: norms multiply by (offset + w) (Gemma: 1.0, w stored as in the checkpoint).

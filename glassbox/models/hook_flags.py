@@ -23,9 +23,11 @@ are attached to its points) and both update the model's ``hook_dict`` before ret
 Refused combinations (``check_flags``): ``use_split_qkv_input`` with ``use_attn_in`` (the per-head
 q/k/v inputs are copies of resid_pre, so an edit at hook_attn_in would be silently ignored, as it is in
 TransformerLens); ``use_hook_mlp_in`` in an attention-only model (no MLP; TransformerLens refuses it
-too); ``use_attn_in``, ``use_split_qkv_input`` or ``use_hook_mlp_in`` with parallel blocks (their one
-ln1 feeds attention and MLP alike, so a second input to it would run ln1's hooks twice on different
-values).
+too); ``use_attn_in``, ``use_split_qkv_input`` or ``use_hook_mlp_in`` with parallel blocks of one norm
+(GPT-J's: their one ln1 feeds attention and MLP alike, so a second input to it would run ln1's hooks
+twice on different values; GPT-NeoX's two-norm blocks take every flag); ``use_attn_in`` with
+grouped-query attention and qk_norm "full" (OLMo 2: the grouped keys are normalised together, and
+each query head's own input would give it its own keys).
 """
 
 import weakref

@@ -6,7 +6,7 @@ batch pos query_pos key_pos head d_model d_head d_mlp d_vocab layer.
 
 Some hooks exist only under some options (a model's ``hook_dict`` is the truth for that model):
 hook_pos_embed not with rotary positions; hook_rot_q/hook_rot_k only with them; hook_pre_linear only
-in a gated MLP; hook_resid_mid and ln2 not in parallel blocks; ln2, the MLP's hooks and hook_resid_mid
+in a gated MLP; hook_resid_mid not in parallel blocks, ln2 not in one-norm (GPT-J) parallel blocks; ln2, the MLP's hooks and hook_resid_mid
 not in attention-only blocks; ln_final not in post-norm models. "ln" hooks belong to LayerNorm or
 RMSNorm alike.
 

@@ -29,7 +29,8 @@
   head output is unchanged to rounding, so a score soft cap (a function of the score) and any norm
   after the attention see the same values. Refused with rotary positions (scores depend on
   positions), q/k norms (they act on the factors themselves), grouped-query attention (a kv head's
-  W_K, W_V are shared by several query heads, so no one factor fits each head) and b_V without b_O.
+  W_K, W_V are shared by several query heads, so no one factor fits each head). A b_V without b_O
+  gets a b_O first, as in ``fold_value_biases``.
   Singular vectors are unique only up to sign: compare products, not factors.
 
 Every refusal is a ValueError naming the step and the Config option that prevents it; the input
@@ -246,8 +247,7 @@ def refactor_factored_attn_matrices(state_dict: Mapping[str, Tensor], cfg: Confi
     factors chosen. b_V is folded into b_O first, as ``fold_value_biases`` does. Refused with rotary
     positions, where the score is not a fixed bilinear form of the residual streams; with q/k norms,
     which normalise (and weight per coordinate) the factors' outputs, so new factors change them; with
-    grouped-query attention, where one kv head's W_K and W_V serve several query heads; and for b_V
-    without b_O.
+    grouped-query attention, where one kv head's W_K and W_V serve several query heads.
     """
     step = "refactor_factored_attn_matrices"
     if cfg.positional == "rotary":

@@ -8,8 +8,7 @@
   (allowed(value, values), reason): a value other than the default is refused unless ``allowed`` says
   glassbox computes the same thing.
 
-Today's families map onto glassbox options of the same meaning (``family_options`` in
-``hooked_transformer_config``): grouped-query heads, per-head q/k norms, inverse-layer scaling, the
+Today's families map onto glassbox options of the same meaning (``family_options``, here): grouped-query heads, per-head q/k norms, inverse-layer scaling, the
 score scale (TransformerLens divides by ``attn_scale``, glassbox multiplies by its inverse), soft caps
 (TransformerLens's -1.0 is glassbox's None), local layers and their rotary base, the norms after each
 sublayer ("sandwich"), OLMo 2/3's output norms and q/k norms over all heads (TransformerLens keys them on
