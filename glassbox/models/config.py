@@ -10,7 +10,8 @@ attn_only (blocks with attention only, as TransformerLens's attn_only: resid_pos
 no ln2, no MLP, no hook_resid_mid; pre-norm only; d_mlp, act_fn and gated_mlp are then unused);
 positional "learned" | "sinusoidal" | "rotary" (rotary_dim leading dims of each head rotated, pairs
 (2i, 2i+1) with rotary_style "interleaved", (i, i + rotary_dim/2) with "half"); act_fn, any name of
-``activations.py`` (transformers' names); gated_mlp (SwiGLU with act_fn "silu", GeGLU with "gelu_new"); use_bias for every linear map and norm; tied_unembed; init_scheme "gpt2" |
+``activations.py`` (transformers' names); gated_mlp (SwiGLU with act_fn "silu", GeGLU with "gelu_new");
+use_bias for every linear map and norm; tied_unembed; init_scheme "gpt2" |
 "truncated_normal". Named combinations live in ``presets.py``.
 
 The options of today's model families (each defaults to GPT-2's behaviour):

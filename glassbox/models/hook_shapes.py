@@ -2,12 +2,12 @@
 
 ``{L}`` stands for the layer index. Docs and tests read this table, so it cannot go stale: a test
 checks every cached activation's shape against it. Axis names are the project's one vocabulary:
-batch pos query_pos key_pos head d_model d_head d_mlp d_vocab layer.
+batch pos query_pos key_pos head kv_head d_model d_head d_q d_kv d_mlp d_vocab layer.
 
 Some hooks exist only under some options (a model's ``hook_dict`` is the truth for that model):
 hook_pos_embed not with rotary positions; hook_rot_q/hook_rot_k only with them; hook_pre_linear only
-in a gated MLP; hook_resid_mid not in parallel blocks, ln2 not in one-norm (GPT-J) parallel blocks; ln2, the MLP's hooks and hook_resid_mid
-not in attention-only blocks; ln_final not in post-norm models. "ln" hooks belong to LayerNorm or
+in a gated MLP; hook_resid_mid not in parallel blocks, ln2 not in one-norm (GPT-J) parallel blocks;
+ln2, the MLP's hooks and hook_resid_mid not in attention-only blocks; ln_final not in post-norm models. "ln" hooks belong to LayerNorm or
 RMSNorm alike.
 
 Flag-gated hooks (``FLAG_GATED_HOOKS``: pattern -> the HookFlags field that turns it on, see
@@ -43,7 +43,8 @@ HOOK_SHAPES = {
                                 "use_split_qkv_input only: a copy of resid_pre per head, read by ln1 then v"),
     "blocks.{L}.ln1.hook_scale": ("batch pos 1", "ln1 divisor sqrt(var + eps), RMS: sqrt(mean(x^2) + eps)"),
     "blocks.{L}.ln1.hook_normalized": ("batch pos d_model", "ln1's (x - mean) / scale, RMS: x / scale; before w and b"),
-    "blocks.{L}.ln1.hook_out": ("batch pos d_model", "ln1 output normalized * w + b, what the attention reads"),
+    "blocks.{L}.ln1.hook_out": ("batch pos d_model", "ln1 output normalized * w + b, what the attention reads "
+                                "(norm_placement 'output': the normalized attention output)"),
     "blocks.{L}.attn.hook_q": ("batch pos head d_head", "queries, x @ W_Q + b_Q"),
     "blocks.{L}.attn.hook_k": ("batch pos kv_head d_head", "keys (kv_head = head without grouped-query attention)"),
     "blocks.{L}.attn.hook_v": ("batch pos kv_head d_head", "values (kv_head = head without grouped-query attention)"),
@@ -71,7 +72,8 @@ HOOK_SHAPES = {
                                "use_hook_mlp_in only: a copy of resid_mid, read by ln2 (post-norm: by the MLP)"),
     "blocks.{L}.ln2.hook_scale": ("batch pos 1", "ln2 divisor sqrt(var + eps), RMS: sqrt(mean(x^2) + eps)"),
     "blocks.{L}.ln2.hook_normalized": ("batch pos d_model", "ln2's (x - mean) / scale, RMS: x / scale; before w and b"),
-    "blocks.{L}.ln2.hook_out": ("batch pos d_model", "ln2 output normalized * w + b, what the MLP reads"),
+    "blocks.{L}.ln2.hook_out": ("batch pos d_model", "ln2 output normalized * w + b, what the MLP reads "
+                                "(norm_placement 'output': the normalized MLP output)"),
     "blocks.{L}.mlp.hook_pre": ("batch pos d_mlp", "MLP pre-activation, x @ W_in + b_in; gated: x @ W_gate"),
     "blocks.{L}.mlp.hook_pre_linear": ("batch pos d_mlp", "gated MLP's ungated branch, x @ W_in + b_in"),
     "blocks.{L}.mlp.hook_post": ("batch pos d_mlp", "MLP activation output; gated: act(pre) * pre_linear"),
