@@ -471,3 +471,42 @@ def test_gemma3_image_text_checkpoint_loads_its_text_model(tmp_path):
     assert set(again) == set(model.state_dict()) and all(torch.equal(again[k], v) for k, v in model.state_dict().items())
     with pytest.raises(ValueError, match=r"1 tensor\(s\) that its config does not describe, e\.g\. \['audio_tower\.w'\]"):
         gemma3_multimodal_to_glassbox({**hub_names, "audio_tower.w": torch.zeros(1)}, model.cfg)
+
+
+@pytest.mark.parametrize("top_tie,text_tie", [(False, True), (True, False)])
+def test_gemma3_image_text_ties_by_its_own_flag_and_refuses_an_unapplied_cap(top_tie, text_tie, tmp_path):
+    """Gemma3ForConditionalGeneration ties its lm_head by the top-level tie_word_embeddings (text_config's
+    is not read), and never applies text_config.final_logit_softcapping: glassbox follows the first and
+    refuses the second by name."""
+    import transformers
+
+    from glassbox.weights import from_pretrained
+    from glassbox.weights.gemma import config_from_gemma3_multimodal
+
+    def config(**text_extra):
+        text = dict(vocab_size=300, hidden_size=32, intermediate_size=19, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=4,
+                    tie_word_embeddings=text_tie, **text_extra)
+        vision = dict(hidden_size=16, intermediate_size=20, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                      patch_size=14)
+        cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                        image_token_index=299, boi_token_index=297, eoi_token_index=298,
+                                        tie_word_embeddings=top_tie)
+        cfg._attn_implementation = "eager"
+        return cfg
+
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForConditionalGeneration(config())
+    with torch.no_grad():
+        hf.lm_head.weight.normal_()  # untied: a head of its own; tied: W_E itself
+    hf.eval().save_pretrained(tmp_path)
+    hf = transformers.Gemma3ForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.float64).eval()
+    tokens = torch.randint(0, 290, (2, 12), generator=torch.Generator().manual_seed(1))
+    model = from_pretrained(tmp_path, dtype=torch.float64)
+    assert model.cfg.tied_unembed is top_tie
+    with torch.no_grad():
+        expected = hf(input_ids=tokens).logits
+        # measured <= 2.9e-6 (logits up to 20; transformers computes norms and rotary in float32), bound 3e-5: 10x
+        torch.testing.assert_close(model(tokens), expected, atol=3e-5, rtol=0)
+    with pytest.raises(ValueError, match="final_logit_softcapping=5.0: Gemma3ForConditionalGeneration never applies it"):
+        config_from_gemma3_multimodal(config(final_logit_softcapping=5.0))

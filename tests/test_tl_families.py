@@ -37,3 +37,26 @@ def test_default_processing_keeps_the_log_probs(family, tmp_path):
         got = model(tokens).log_softmax(-1)
     # measured <= 3.4e-5 (Qwen2; log-probs down to -14), bound 3e-4: 9x
     torch.testing.assert_close(got, expected, atol=3e-4, rtol=0)
+
+
+def test_a_yarn_model_rebuilt_from_its_transformer_lens_config_is_the_same_model():
+    """A YaRN config without attention_factor (transformers then derives 0.1 ln(factor) + 1) reaches the
+    TransformerLens fields with that factor, so HookedTransformerConfig(**cfg.to_dict()) rebuilds it."""
+    import transformers
+
+    from glassbox.tl import HookedTransformer, HookedTransformerConfig
+
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=37, hidden_size=32, intermediate_size=19, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, rope_parameters=dict(rope_type="yarn", factor=4.0, rope_theta=500.0,
+                                                         original_max_position_embeddings=16))).double().eval()
+    model = HookedTransformer.from_pretrained_no_processing("yarn", hf_model=hf, dtype=torch.float64)
+    fields = model.cfg.to_dict()
+    assert fields["use_yarn_rope"] and fields["yarn_factor"] == 4.0
+    rebuilt = HookedTransformer(HookedTransformerConfig(**fields))
+    rebuilt.load_and_process_state_dict(model.state_dict(), fold_ln=False, center_writing_weights=False,
+                                        center_unembed=False, fold_value_biases=False)
+    tokens = torch.randint(0, 37, (1, 40), generator=torch.Generator().manual_seed(1))  # past the original 16
+    with torch.no_grad():
+        assert torch.equal(rebuilt(tokens), model(tokens))

@@ -119,7 +119,8 @@ def config_from_gemma(hf_config) -> Config:
         d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers, n_heads=heads,
         n_key_value_heads=hf_config.num_key_value_heads or heads, d_vocab=hf_config.vocab_size,
         n_ctx=scaled_context(hf_config.max_position_embeddings, options.get("rope_scaling")), d_head=head_dim,
-        d_mlp=hf_config.intermediate_size, layer_norm_eps=hf_config.rms_norm_eps, init_range=hf_config.initializer_range, rotary_dim=head_dim,
+        d_mlp=hf_config.intermediate_size, layer_norm_eps=hf_config.rms_norm_eps,
+        init_range=hf_config.initializer_range, rotary_dim=head_dim,
         tied_unembed=bool(hf_config.tie_word_embeddings),
         model_name=getattr(hf_config, "name_or_path", "") or model_type,
         **GEMMA_OPTIONS, **options,
@@ -241,7 +242,13 @@ def config_from_gemma3_multimodal(hf_config) -> Config:
     glassbox's to compute, so the model built reads tokens only (an image token is just a token)."""
     if getattr(hf_config, "model_type", None) != "gemma3":
         raise ValueError(f"expected a Gemma 3 image-text config, got model_type={getattr(hf_config, 'model_type', None)!r}")
-    return config_from_gemma(hf_config.text_config)
+    text = hf_config.text_config
+    if getattr(text, "final_logit_softcapping", None) is not None:
+        raise ValueError(f"Gemma 3 image-text config with text_config.final_logit_softcapping="
+                         f"{text.final_logit_softcapping}: Gemma3ForConditionalGeneration never applies it (only "
+                         "Gemma3ForCausalLM does), so what the checkpoint computes is unclear")
+    # Gemma3ForConditionalGeneration ties by its own tie_word_embeddings, not text_config's
+    return config_from_gemma(text).replace(tied_unembed=bool(hf_config.tie_word_embeddings))
 
 
 def gemma3_multimodal_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config,

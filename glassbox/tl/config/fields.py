@@ -8,9 +8,9 @@
   (allowed(value, values), reason): a value other than the default is refused unless ``allowed`` says
   glassbox computes the same thing.
 
-Today's families map onto glassbox options of the same meaning (``family_options``, here): grouped-query heads, per-head q/k norms, inverse-layer scaling, the
-score scale (TransformerLens divides by ``attn_scale``, glassbox multiplies by its inverse), soft caps
-(TransformerLens's -1.0 is glassbox's None), local layers and their rotary base, the norms after each
+Today's families map onto glassbox options of the same meaning (``family_options``, here):
+grouped-query heads, per-head q/k norms, inverse-layer scaling, the score scale (TransformerLens
+divides by ``attn_scale``, glassbox multiplies by its inverse), soft caps (TransformerLens's -1.0 is glassbox's None), local layers and their rotary base, the norms after each
 sublayer ("sandwich"), OLMo 2/3's output norms and q/k norms over all heads (TransformerLens keys them on
 ``original_architecture``), and linear, NTK-by-parts (llama3) and YaRN rope scaling. TransformerLens's
 Gemma norms store 1 + w, so glassbox builds them with no weight offset.
@@ -222,8 +222,10 @@ def family_fields(cfg) -> Dict[str, Any]:
                    NTK_by_parts_low_freq_factor=scaling["low_freq_factor"],
                    NTK_by_parts_high_freq_factor=scaling["high_freq_factor"],
                    NTK_original_ctx_len=scaling["original_max_position_embeddings"])
-    elif scaling.get("rope_type") == "yarn" and "attention_factor" in scaling:
-        out.update(use_yarn_rope=True, yarn_factor=scaling["factor"], yarn_attention_factor=scaling["attention_factor"],
+    elif scaling.get("rope_type") == "yarn":  # the factor on cos and sin as transformers resolves it
+        from ...models.positional import yarn_attention_factor
+
+        out.update(use_yarn_rope=True, yarn_factor=scaling["factor"], yarn_attention_factor=yarn_attention_factor(scaling),
                    yarn_original_max_position_embeddings=scaling["original_max_position_embeddings"],
                    yarn_beta_fast=scaling.get("beta_fast", 32.0), yarn_beta_slow=scaling.get("beta_slow", 1.0),
                    yarn_truncate=scaling.get("truncate", True),
