@@ -83,7 +83,7 @@ class ModelMethods:
         saved = past_kv_cache.snapshot()
         try:
             residual = self(tokens, attention_mask=mask, past_kv_cache=past_kv_cache, stop_at_layer=0)
-            full_mask = past_kv_cache.key_mask
+            full_mask = past_kv_cache.extend_mask(mask, tokens.shape)  # the forward left the cache as it was
         finally:
             past_kv_cache.restore(saved)
         return residual, tokens, None, full_mask

@@ -173,7 +173,8 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
             attention_mask: [batch pos], 1 for real tokens, 0 for padding (left or right).
             stop_at_layer: run only blocks[:stop_at_layer] and return the residual stream there.
             past_kv_cache: a KVCache from earlier calls; input then holds only the new tokens. If
-                anything raises during the call, the cache is left exactly as it was.
+                anything raises during the call, or with stop_at_layer (only some layers run), the cache
+                is left exactly as it was.
             start_at_layer: input is the residual stream [batch pos d_model] entering this block;
                 the earlier blocks and the embeddings are skipped. Pass ``tokens`` (of the residual
                 stream's [batch pos]) for a loss.
@@ -197,9 +198,6 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
         if tokens is not None:
             raise ValueError("tokens= gives the loss's targets with start_at_layer only; without "
                              "start_at_layer the input is the tokens")
-        if past_kv_cache is not None and stop_at_layer is not None:
-            raise ValueError("stop_at_layer with past_kv_cache would extend only the first layers' keys and values, "
-                             "leaving the cache unusable; run the whole model to extend a cache")
         tokens, attention_mask = self.input_to_tokens(input, attention_mask, prepend_bos, padding_side)
         past = len(past_kv_cache) if past_kv_cache is not None else 0
         self.check_tokens(tokens, past)
@@ -207,11 +205,14 @@ class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
             return self._run_tokens(tokens, attention_mask, None, 0, stop_at_layer, return_type, loss_per_token)
         saved = past_kv_cache.snapshot()
         try:
-            return self._run_tokens(tokens, attention_mask, past_kv_cache, past, stop_at_layer, return_type,
-                                    loss_per_token)
+            out = self._run_tokens(tokens, attention_mask, past_kv_cache, past, stop_at_layer, return_type,
+                                   loss_per_token)
         except BaseException:
             past_kv_cache.restore(saved)  # a half-extended cache would misplace every later token
             raise
+        if stop_at_layer is not None:
+            past_kv_cache.restore(saved)  # only the first layers ran: the cache is read, not extended
+        return out
 
     def _run_tokens(self, tokens, attention_mask, past_kv_cache, past, stop_at_layer, return_type, loss_per_token):
         key_mask = attention_mask
