@@ -163,8 +163,15 @@ class Attention(nn.Module):
         if fused and not (self.hook_attn_scores.has_hooks or self.hook_pattern.has_hooks):
             if attn_mask is None and not fresh_causal:
                 attn_mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
+            if not grouped:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=fresh_causal,
+                                                      scale=self.scale)
+            if not SDPA_GROUPS:  # torch < 2.5: the kernel takes one key/value head per query head
+                k, v = k.repeat_interleave(self.groups, dim=1), v.repeat_interleave(self.groups, dim=1)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=fresh_causal,
+                                                      scale=self.scale)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=fresh_causal,
-                                                  scale=self.scale, enable_gqa=grouped)
+                                                  scale=self.scale, enable_gqa=True)
         if attn_mask is None:
             attn_mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
         if grouped:  # [batch kv_head group query_pos d_head] against each kv head's keys: no copies of k, v
@@ -190,6 +197,8 @@ class Attention(nn.Module):
 
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+# scaled_dot_product_attention reads grouped keys and values itself (enable_gqa) from torch 2.5 on
+SDPA_GROUPS = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
 
 
 def causal_mask(query_len: int, key_len: int, device) -> Tensor:
