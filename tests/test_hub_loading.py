@@ -463,6 +463,8 @@ def test_tl_from_pretrained_by_repo_id_with_auto_dtype(cache):
     tl_model = TLHookedTransformer.from_pretrained_no_processing("org/tl-llama", dtype="auto", device="cpu")
     assert tl_model.cfg.dtype == torch.bfloat16 and tl_model.cfg.model_name == "org/tl-llama"
     assert get_pretrained_model_config("bare-llama").d_model == hf.config.hidden_size
+    assert get_pretrained_model_config("org/tl-llama", dtype="auto").dtype == torch.bfloat16  # the stored dtype
+    assert get_pretrained_model_config("org/tl-llama", dtype="float16").dtype == torch.float16
     twin = HookedTransformer.from_hf(hf)
     tokens = tokens_for(29)
     with torch.no_grad():

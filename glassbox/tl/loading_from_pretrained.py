@@ -58,7 +58,18 @@ def get_pretrained_model_config(model_name: str, hf_cfg=None, checkpoint_index=N
     named = [name for name, value in refused.items() if value is not None]
     if named or n_devices != 1:
         raise ValueError(f"get_pretrained_model_config: {', '.join(named or ['n_devices'])} not supported by glassbox")
-    cfg = config_of(get_official_model_name(model_name))
+    name = get_official_model_name(model_name)
+    cfg = config_of(name)
+    if isinstance(dtype, str) and dtype == "auto":  # what from_pretrained(dtype="auto") would load
+        from ..weights.files import read_config
+        from ..weights.pretrained import auto_dtype, resolve
+
+        folder = resolve(name)
+        dtype = auto_dtype(read_config(folder), folder)
+    else:
+        from ..weights.pretrained import as_dtype
+
+        dtype = as_dtype(dtype)
     fields = dict(normalization_type=cfg.normalization + ("Pre" if fold_ln and cfg.norm_placement != "post" else ""),
                   dtype=dtype if dtype is not None else torch.float32, model_name=model_name,
                   layer_norm_folding=fold_ln)
