@@ -138,6 +138,16 @@ def _rotary_pct(cfg: Config):
     return None
 
 
+# The per-layer tensors that are a plain copy (or a transpose) each way:
+# (name under gpt_neox.layers.L., ours under blocks.L., transposed). The fused q/k/v is converted apart.
+PLAIN_LAYER_TENSORS = (
+    ("input_layernorm.weight", "ln1.w", False), ("input_layernorm.bias", "ln1.b", False),
+    ("post_attention_layernorm.weight", "ln2.w", False), ("post_attention_layernorm.bias", "ln2.b", False),
+    ("mlp.dense_h_to_4h.weight", "mlp.W_in", True), ("mlp.dense_h_to_4h.bias", "mlp.b_in", False),
+    ("mlp.dense_4h_to_h.weight", "mlp.W_out", True), ("mlp.dense_4h_to_h.bias", "mlp.b_out", False),
+)
+
+
 def hf_expected_shapes(cfg: Config) -> dict:
     D, M, V = cfg.d_model, cfg.d_mlp, cfg.d_vocab
     shapes = {"gpt_neox.embed_in.weight": (V, D), "gpt_neox.final_layer_norm.weight": (D,),
@@ -181,12 +191,8 @@ def neox_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config, source: s
             for i, name in enumerate("QKV"):
                 out[p + f"attn.b_{name}"] = qkv_b[:, i]
             out[p + "attn.b_O"] = sd[h + "attention.dense.bias"]
-        out.update({
-            p + "ln1.w": sd[h + "input_layernorm.weight"], p + "ln1.b": sd[h + "input_layernorm.bias"],
-            p + "ln2.w": sd[h + "post_attention_layernorm.weight"], p + "ln2.b": sd[h + "post_attention_layernorm.bias"],
-            p + "mlp.W_in": sd[h + "mlp.dense_h_to_4h.weight"].T, p + "mlp.b_in": sd[h + "mlp.dense_h_to_4h.bias"],
-            p + "mlp.W_out": sd[h + "mlp.dense_4h_to_h.weight"].T, p + "mlp.b_out": sd[h + "mlp.dense_4h_to_h.bias"],
-        })
+        out.update({p + ours: sd[h + theirs].T if transposed else sd[h + theirs]
+                    for theirs, ours, transposed in PLAIN_LAYER_TENSORS})
     if not cfg.tied_unembed:
         out["unembed.W_U_T"] = sd["lm_head.weight"]
     return out
@@ -208,12 +214,8 @@ def glassbox_to_neox(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
         if cfg.qkv_bias:
             out[h + "attention.query_key_value.bias"] = torch.stack([sd[p + f"attn.b_{n}"] for n in "QKV"], 1).reshape(-1)
             out[h + "attention.dense.bias"] = sd[p + "attn.b_O"]
-        out.update({
-            h + "input_layernorm.weight": sd[p + "ln1.w"], h + "input_layernorm.bias": sd[p + "ln1.b"],
-            h + "post_attention_layernorm.weight": sd[p + "ln2.w"], h + "post_attention_layernorm.bias": sd[p + "ln2.b"],
-            h + "mlp.dense_h_to_4h.weight": sd[p + "mlp.W_in"].T, h + "mlp.dense_h_to_4h.bias": sd[p + "mlp.b_in"],
-            h + "mlp.dense_4h_to_h.weight": sd[p + "mlp.W_out"].T, h + "mlp.dense_4h_to_h.bias": sd[p + "mlp.b_out"],
-        })
+        out.update({h + theirs: sd[p + ours].T if transposed else sd[p + ours]
+                    for theirs, ours, transposed in PLAIN_LAYER_TENSORS})
     out["lm_head.weight"] = sd["unembed.W_U_T"] if not cfg.tied_unembed else sd["embed.W_E"]
     return {k: v.contiguous() for k, v in out.items()}
 
