@@ -220,7 +220,7 @@ class Config:
     @property
     def n_kv_groups(self) -> int:
         """Query heads per key/value head (1 without grouped-query attention)."""
-        return self.n_heads // (self.n_key_value_heads or self.n_heads)  # None: a TransformerLens-style view
+        return self.n_heads // self.n_key_value_heads
 
     def layer_attn_type(self, layer: int) -> str:
         return "global" if self.attn_types is None else self.attn_types[layer]
