@@ -2,7 +2,8 @@
 
 from .hook_point import HookFn, HookHandle, HookPoint, NoLayerError, Registration
 from .root import HookedRootModule, unknown_name_message
+from .splice import Splice
 from .threads import HookStateGuard
 
 __all__ = ["HookFn", "HookHandle", "HookPoint", "HookStateGuard", "HookedRootModule", "NoLayerError", "Registration",
-           "unknown_name_message"]
+           "Splice", "unknown_name_message"]

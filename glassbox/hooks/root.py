@@ -35,6 +35,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 from torch import nn
 
 from .hook_point import HookFn, HookHandle, HookPoint, check_direction, check_level
+from .splice import Splice, parent_and_attr
 from .threads import HookStateGuard
 
 NameOrFilter = Union[str, Callable[[str], bool]]
@@ -175,6 +176,40 @@ class HookedRootModule(nn.Module):
         if clear_contexts:
             self.clear_contexts()
         self.remove_all_hook_fns(direction, including_permanent, level)
+
+    # -- splices (see splice.py) -----------------------------------------------------------------
+    def add_splice(self, name: str, splice: Splice) -> None:
+        """Put ``splice`` in place of the plain hook point ``name`` (its hooks stay, shared), renaming."""
+        if not isinstance(splice, Splice):
+            raise TypeError(f"add_splice takes a Splice, got {type(splice).__name__}")
+        point = self.hook_dict.get(name)
+        if point is None:
+            raise KeyError(unknown_name_message(name, self.hook_dict))
+        if isinstance(point, Splice):
+            raise ValueError(f"hook point {name!r} already has something spliced in ({point.extra_repr()}); "
+                             "remove it first")
+        if splice.point is not point:
+            raise ValueError(f"this splice was made for another hook point than {name!r}")
+        self.hook_guard.check_change("add_splice")
+        parent, attr = parent_and_attr(self, name)
+        setattr(parent, attr, splice)
+        self.setup()
+
+    def remove_splice(self, name: str) -> HookPoint:
+        """Put back the hook point that the splice at ``name`` stands for; returns it."""
+        splice = self.hook_dict.get(name)
+        if not isinstance(splice, Splice):
+            raise KeyError(f"nothing is spliced at hook point {name!r}")
+        self.hook_guard.check_change("remove_splice")
+        parent, attr = parent_and_attr(self, name)
+        setattr(parent, attr, splice.point)
+        self.setup()
+        return splice.point
+
+    @property
+    def splices(self) -> dict:
+        """The splices in place, by hook name, in forward order."""
+        return {name: point for name, point in self.hook_dict.items() if isinstance(point, Splice)}
 
     @property
     def has_hooks(self) -> bool:

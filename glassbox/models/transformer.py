@@ -36,12 +36,13 @@ from .kv_cache import KVCache
 from .loss import lm_loss
 from .masks import attention_mask_for, positions_for
 from .methods import ModelMethods
+from .sae_methods import SAEMethods
 from .tokenize import TokenizerMixin
 
 RETURN_TYPES = ("logits", "loss", "both", None)
 
 
-class HookedTransformer(ModelMethods, TokenizerMixin, HookedRootModule):
+class HookedTransformer(ModelMethods, SAEMethods, TokenizerMixin, HookedRootModule):
     def __init__(self, cfg: Config, tokenizer=None, init: bool = True,
                  device: Union[str, torch.device, None] = None, dtype: torch.dtype = torch.float32,
                  hook_flags: Optional[HookFlags] = None):

@@ -1,0 +1,206 @@
+"""Splicing SAEs and transcoders into a model: ``add_sae``, ``reset_saes``, ``saes(...)``.
+
+An SAE spliced at hook ``H`` replaces the value there by its reconstruction; a transcoder reads at
+``hook_name`` and writes at ``hook_name_out``. The model methods of the same names call these.
+
+What runs at the write hook, for the model's value ``x`` there (``sae_in`` is ``x`` for an SAE, the
+value captured at the read hook for a transcoder):
+- hooks at ``H`` fire on ``x`` (the model's own value), then ``acts = encode(sae_in)`` and
+  ``recons = decode(acts)`` fire ``H.hook_sae_input``, ``.hook_sae_acts_pre``, ``.hook_sae_acts_post``,
+  ``.hook_sae_recons`` (SAELens's names);
+- without the error term the model carries on with ``recons``;
+- with ``use_error_term=True`` it carries on with ``recons + error``, ``error = x - clean_recons``
+  through ``H.hook_sae_error``, where ``clean_recons`` is the reconstruction with no hooks firing
+  (recomputed only when a hook is attached to the SAE's points). When no hook replaces anything the
+  value is ``x`` exactly, bit for bit: it is computed as ``x + (recons - clean_recons) + (error -
+  error_0)``, each difference exactly zero then. The error term is differentiable, so the gradient
+  reaching upstream is the clean model's too (SAELens computes the error under no_grad, so its
+  upstream gradient is the reconstruction's only).
+- ``H.hook_sae_output`` fires on what the model carries on with.
+
+The SAE's parameters are not the model's; the SAE must be on the model's device. Several SAEs may be
+spliced at once, each at its own hook; adding one where another is spliced replaces it (as SAELens).
+"""
+
+from contextlib import contextmanager
+from typing import Iterable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from ...hooks import HookPoint, Splice
+from ...hooks.root import unknown_name_message
+from .base import SAE
+
+
+class Capture:
+    """The transform at a transcoder's read hook: keeps the value for the write hook, passes it on."""
+
+    def __init__(self, sae: SAE):
+        self.sae = sae
+        self.value: Optional[Tensor] = None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        self.value = x
+        return x
+
+
+class SpliceRun:
+    """The transform at the write hook (see the module docstring)."""
+
+    def __init__(self, sae: SAE, use_error_term: bool, capture: Optional[Capture] = None):
+        self.sae = sae
+        self.use_error_term = bool(use_error_term)
+        self.capture = capture
+
+    def points(self) -> dict:
+        return {name: getattr(self.sae, name) for name in self.sae.hook_dict}
+
+    def __call__(self, x: Tensor) -> Tensor:
+        sae = self.sae
+        sae_in = x
+        if self.capture is not None:
+            sae_in, self.capture.value = self.capture.value, None
+            if sae_in is None or sae_in.shape[:2] != x.shape[:2]:
+                raise RuntimeError(f"the transcoder writing at {sae.cfg.hook_out} reads at {sae.cfg.hook_name}, "
+                                   "which did not run first in this forward (a run starting past it?)")
+        recons = sae.decode(sae.encode(sae_in)).reshape(x.shape).to(x.dtype)
+        if self.use_error_term:
+            clean = recons
+            hooked = [p for p in self.points().values() if (p.fwd_hooks or p.bwd_hooks)]
+            if hooked:
+                with hooks_off(hooked):
+                    clean = sae.decode(sae.encode(sae_in)).reshape(x.shape).to(x.dtype)
+            error_0 = x - clean
+            error = sae.hook_sae_error(error_0)
+            recons = x.detach() + (recons - clean.detach()) + (error - error_0.detach())
+        return sae.hook_sae_output(recons)
+
+
+@contextmanager
+def hooks_off(points: Sequence[HookPoint]):
+    """Run the body with these points' hooks detached, then put them back in their order."""
+    saved = [(p, list(p.fwd_hooks), list(p.bwd_hooks)) for p in points]
+    try:
+        for p in points:
+            p.fwd_hooks.clear()
+            p.bwd_hooks.clear()
+        yield
+    finally:
+        for p, fwd, bwd in saved:
+            p.fwd_hooks[:] = fwd
+            p.bwd_hooks[:] = bwd
+
+
+# -- the model-level operations ------------------------------------------------------------------
+def acts_to_saes(model) -> dict:
+    """SAEs spliced in, by the hook where each writes (SAELens's ``acts_to_saes``)."""
+    return {name: splice.owner for name, splice in model.splices.items() if isinstance(splice.transform, SpliceRun)}
+
+
+def add_sae(model, sae: SAE, use_error_term: bool = False) -> None:
+    """Splice ``sae`` into ``model`` at ``sae.cfg.hook_name`` (a transcoder also at ``hook_name_out``)."""
+    if not isinstance(sae, SAE):
+        raise TypeError(f"add_sae takes a glassbox SAE, got {type(sae).__name__}")
+    if not isinstance(use_error_term, bool):
+        raise TypeError(f"use_error_term must be True or False, got {use_error_term!r}")
+    cfg = sae.cfg
+    for name in dict.fromkeys((cfg.hook_name, cfg.hook_out)):
+        if name not in model.hook_dict:
+            raise KeyError(f"the SAE reads or writes at {name!r}, which this model does not have: "
+                           + unknown_name_message(name, model.hook_dict))
+    model_device = next(model.parameters()).device
+    if sae.device != model_device:
+        raise ValueError(f"the SAE at {cfg.hook_name} is on {sae.device} and the model on {model_device}; "
+                         f"move it first (sae.to({str(model_device)!r}))")
+    if any(sae is other for other in acts_to_saes(model).values()):
+        raise ValueError(f"this SAE is already spliced into the model at {cfg.hook_out}")
+    remove_sae(model, cfg.hook_out, missing_ok=True)
+    if cfg.is_transcoder:
+        remove_sae(model, cfg.hook_name, missing_ok=True)
+    capture = Capture(sae) if cfg.is_transcoder else None
+    run = SpliceRun(sae, use_error_term, capture)
+    if capture is not None:
+        model.add_splice(cfg.hook_name, Splice(model.hook_dict[cfg.hook_name], capture, {}, owner=sae))
+    try:
+        model.add_splice(cfg.hook_out, Splice(model.hook_dict[cfg.hook_out], run, run.points(), owner=sae))
+    except BaseException:
+        if capture is not None:
+            model.remove_splice(cfg.hook_name)
+        raise
+
+
+def remove_sae(model, hook_name: str, missing_ok: bool = False) -> Optional[tuple]:
+    """Remove what is spliced at ``hook_name`` (either end of a transcoder removes both ends).
+
+    Returns ``(sae, use_error_term)`` of what was removed, or None when nothing was spliced there."""
+    splice = model.splices.get(hook_name)
+    if splice is None or not isinstance(splice.transform, (SpliceRun, Capture)):
+        if missing_ok:
+            return None
+        raise KeyError(f"no SAE is spliced at {hook_name!r}; spliced: {sorted(acts_to_saes(model)) or 'none'}")
+    sae = splice.owner
+    write = model.splices[sae.cfg.hook_out]
+    use_error_term = write.transform.use_error_term
+    model.remove_splice(sae.cfg.hook_out)
+    if sae.cfg.is_transcoder and sae.cfg.hook_name in model.splices:
+        model.remove_splice(sae.cfg.hook_name)
+    return sae, use_error_term
+
+
+def reset_saes(model, act_names: Optional[Iterable[str]] = None) -> None:
+    """Remove the SAEs at ``act_names`` (hook names where they write), or all of them."""
+    names = list(acts_to_saes(model)) if act_names is None else [act_names] if isinstance(act_names, str) \
+        else list(act_names)
+    for name in names:
+        remove_sae(model, name)
+
+
+@contextmanager
+def with_saes(model, saes: Sequence[SAE] = (), reset_saes_end: bool = True, use_error_term: Optional[bool] = None):
+    """Splice ``saes`` for the body of a ``with`` block, then remove them and put back whatever was
+    spliced at their hooks before, also when the body raises. ``use_error_term=None`` is False."""
+    if isinstance(saes, SAE):
+        saes = [saes]
+    error_term = bool(use_error_term)
+    added, replaced = [], []
+    try:
+        for sae in saes:
+            previous = [remove_sae(model, name, missing_ok=True) for name in (sae.cfg.hook_out, sae.cfg.hook_name)]
+            replaced.extend(p for p in previous if p is not None)
+            add_sae(model, sae, use_error_term=error_term)
+            added.append(sae)
+        yield model
+    except BaseException:
+        reset_saes_end = True
+        raise
+    finally:
+        if reset_saes_end:
+            for sae in reversed(added):
+                remove_sae(model, sae.cfg.hook_out, missing_ok=True)
+            for sae, error_term_before in reversed(replaced):
+                add_sae(model, sae, use_error_term=error_term_before)
+
+
+def run_with_saes(model, *args, saes: Sequence[SAE] = (), reset_saes_end: bool = True,
+                  use_error_term: Optional[bool] = None, **kwargs):
+    """``model(*args, **kwargs)`` with ``saes`` spliced in (SAELens's ``run_with_saes``)."""
+    with with_saes(model, saes, reset_saes_end, use_error_term):
+        return model(*args, **kwargs)
+
+
+def run_with_cache_with_saes(model, *args, saes: Sequence[SAE] = (), reset_saes_end: bool = True,
+                             use_error_term: Optional[bool] = None, **kwargs):
+    """``model.run_with_cache(*args, **kwargs)`` with ``saes`` spliced in; the cache holds the SAEs'
+    hook points (``<hook>.hook_sae_acts_post`` ...)."""
+    with with_saes(model, saes, reset_saes_end, use_error_term):
+        return model.run_with_cache(*args, **kwargs)
+
+
+def run_with_hooks_with_saes(model, *args, saes: Sequence[SAE] = (), reset_saes_end: bool = True,
+                             use_error_term: Optional[bool] = None, fwd_hooks=(), bwd_hooks=(),
+                             reset_hooks_end: bool = True, clear_contexts: bool = False, **kwargs):
+    """``model.run_with_hooks(...)`` with ``saes`` spliced in."""
+    with with_saes(model, saes, reset_saes_end, use_error_term):
+        return model.run_with_hooks(*args, fwd_hooks=fwd_hooks, bwd_hooks=bwd_hooks,
+                                    reset_hooks_end=reset_hooks_end, clear_contexts=clear_contexts, **kwargs)
