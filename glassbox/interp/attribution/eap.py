@@ -1,0 +1,297 @@
+"""Edge attribution patching: EAP and EAP-IG (Hanna et al. 2024, "Have faith in faithfulness").
+
+Every edge s -> r of the graph in ``edges.py`` gets a score estimating the effect on the metric of
+corrupting that one edge in the CLEAN run (the receiver r reads the sender's corrupted output, every
+other path stays clean):
+
+    score(s -> r) = sum_{batch, pos, d_model} Delta_s * g_r,     Delta_s = a_s(corrupted) - a_s(clean)
+
+where a_s is the sender's output ([batch pos d_model]: blocks.0.hook_resid_pre for "input",
+attn.hook_result[:, :, H] for a head, hook_mlp_out for an MLP) and g_r is the gradient of the
+metric's mean over prompts with respect to the receiver's own input (hook_q_input / hook_k_input /
+hook_v_input at its head or kv head, hook_mlp_in, or the last hook_resid_post for "logits"):
+
+- ``"EAP"``: g_r = d M / d x_r on the clean run. Two forwards (corrupted, clean) and one backward,
+  which yields the gradient at every receiver input at once.
+- ``"EAP-IG-inputs"``: g_r = (1/m) sum_k d M / d x_r on the clean tokens with the embeddings
+  (blocks.0.hook_resid_pre) replaced by e(t_k) = e_clean + t_k (e_corrupted - e_clean).
+- ``"EAP-IG-activations"``: for each sender s separately, g_r (for the edges leaving s) is
+  (1/m) sum_k d M / d x_r on the clean run with a_s alone replaced by a_s(clean) + t_k Delta_s
+  (every other activation computed as the model does).
+
+The step points t_k, measured from the clean run (t = 0) towards the corrupted one (t = 1):
+``points="endpoint"`` (default) t_k = (k - 1)/m for k = 1..m, Hanna et al.'s points (their
+alpha = k/m from corrupted to clean); m = 1 is then EAP exactly. ``points="midpoint"`` t_k =
+(k - 1/2)/m, the midpoint rule, whose error falls as 1/m^2 instead of 1/m.
+
+Identities (tested): summed over every receiver, the input row of EAP-IG-inputs tends to
+M(corrupted) - M(clean) as m grows (integrated gradients' completeness, because the embeddings reach
+the metric only through the receivers' inputs), and each sender's row of EAP-IG-activations tends to
+the exact effect of patching that sender's output to its corrupted value in the clean run.
+
+Contracts and footguns:
+- The metric is a patching metric: ``metric(logits [batch pos d_vocab]) -> [batch]`` (row r is prompt
+  r % n_prompts, so the m steps run as m stacked copies of the batch); the gradient is of the mean
+  over prompts, so scores are batch means of per-prompt scores, as sweeps' ``reduce="mean"``.
+- Scores are summed over positions. ``attention_mask`` (the same for both runs) excludes padded
+  positions from the sum.
+- Flags: use_attn_result, use_split_qkv_input and use_hook_mlp_in are on while it runs (use_attn_in off)
+  and restored afterwards, also on error; hooks it attaches are removed. Hooks the caller left on the
+  model run in every pass, as part of the model.
+- Model parameters' ``.grad`` are not touched (gradients are taken with torch.autograd.grad).
+- Refused: models whose residual stream is not the sum of the senders (``eap_setup.check_edge_model``).
+- Cost: EAP-IG-inputs m forwards+backwards of the batch (in passes of ``steps_per_pass`` copies, all m
+  at once by default); EAP-IG-activations n_senders times that.
+"""
+
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from .eap_setup import (check_edge_model, edge_flags, receiver_columns, saving_hook, sender_hook_names,
+                        stack_senders)
+from .edges import edge_mask_for, receivers, sender_hook, senders
+from .graph import Graph
+
+METHODS = ("EAP", "EAP-IG-inputs", "EAP-IG-activations")
+POINTS = ("endpoint", "midpoint")
+DEFAULT_IG_STEPS = 5
+EMBED_HOOK = "blocks.0.hook_resid_pre"
+
+
+def interpolation_points(steps: int, points: str = "endpoint") -> list:
+    """The t_k of the module docstring: fractions of the way from the clean run to the corrupted one."""
+    if points not in POINTS:
+        raise ValueError(f"points must be one of {POINTS}, got {points!r}")
+    offset = 0.0 if points == "endpoint" else 0.5
+    return [(k + offset) / steps for k in range(steps)]
+
+
+def eap(model, clean_tokens: Tensor, corrupted_tokens: Tensor, metric, *, method: str = "EAP",
+        steps: Optional[int] = None, attention_mask: Optional[Tensor] = None, progress: bool = False,
+        points: str = "endpoint", steps_per_pass: Optional[int] = None) -> Graph:
+    """Score every edge of ``model``'s graph (see the module docstring for the formulas).
+
+    Args:
+        clean_tokens, corrupted_tokens: [batch pos] token ids of the same shape.
+        metric: ``fn(logits [batch pos d_vocab]) -> [batch]``, e.g. ``LogitDiff``.
+        method: "EAP", "EAP-IG-inputs" or "EAP-IG-activations".
+        steps: m for the IG methods (default 5); EAP takes None or 1.
+        attention_mask: [batch pos], 1 for real tokens, shared by both runs.
+        progress: a tqdm bar over the passes.
+        points: "endpoint" or "midpoint" (the step points t_k).
+        steps_per_pass: at most this many copies of the batch per forward (default: all m).
+
+    Returns:
+        A ``Graph`` with float32 scores (NaN where no edge exists) and metadata: method, steps, points,
+        the metric's mean on the clean and the corrupted run, the model's name and shape.
+    """
+    steps = _check_method(method, steps)
+    if points not in POINTS:
+        raise ValueError(f"points must be one of {POINTS}, got {points!r}")
+    if steps_per_pass is not None and (isinstance(steps_per_pass, bool) or not isinstance(steps_per_pass, int)
+                                       or steps_per_pass < 1):
+        raise ValueError(f"steps_per_pass must be a positive int or None, got {steps_per_pass!r}")
+    check_edge_model(model)
+    clean, corrupted, mask = _check_inputs(model, clean_tokens, corrupted_tokens, attention_mask)
+    cfg = model.cfg
+    sender_names, receiver_names = senders(cfg), receivers(cfg)
+    device = clean.device
+    exists = edge_mask_for(sender_names, receiver_names, device=device)
+    upstream = exists.sum(0).tolist()  # senders are in forward order, so a receiver's senders are a prefix
+    ts = interpolation_points(steps, points)
+    chunk = steps if steps_per_pass is None else steps_per_pass
+    run = _Run(model, metric, mask, clean.shape[0], steps, receiver_columns(cfg), upstream)
+    with edge_flags(model):
+        corrupted_values, corrupted_metric = run.sender_values(corrupted)
+        if method == "EAP":
+            clean_values, grads, clean_metric = run.gradients(clean, [0.0], save_senders=True)
+            acc = run.accumulate_all(corrupted_values - clean_values, grads)
+        else:
+            clean_values, clean_metric = run.sender_values(clean)
+            delta = corrupted_values - clean_values
+            chunks = [ts[i:i + chunk] for i in range(0, len(ts), chunk)]
+            if method == "EAP-IG-inputs":
+                acc = None
+                for part in _bar(chunks, progress, method):
+                    hook = _interpolate(clean_values[0], delta[0], part, None)
+                    _, grads, _ = run.gradients(clean, part, embed_hook=hook)
+                    acc = run.accumulate_all(delta, grads, acc)
+            else:
+                acc = run.zeros(len(sender_names), len(receiver_names))
+                jobs = [(i, part) for i in range(len(sender_names)) for part in chunks]
+                for i, part in _bar(jobs, progress, method):
+                    hook_name, index = sender_hook(sender_names[i], cfg)
+                    hook = _interpolate(clean_values[i], delta[i], part, index)
+                    if hook_name == EMBED_HOOK:
+                        _, grads, _ = run.gradients(clean, part, embed_hook=hook)
+                    else:
+                        _, grads, _ = run.gradients(clean, part, extra_hooks=[(hook_name, hook)])
+                    run.accumulate_row(acc, i, delta[i], grads)
+    scores = torch.where(exists, acc, torch.full_like(acc, float("nan"))).float()
+    metadata = {"method": method, "steps": steps if method != "EAP" else None,
+                "points": points if method != "EAP" else None,
+                "metric": getattr(metric, "name", type(metric).__name__), "metric_repr": repr(metric),
+                "metric_clean": clean_metric, "metric_corrupted": corrupted_metric,
+                "n_prompts": int(clean.shape[0]), "n_positions": int(clean.shape[1]),
+                "model": getattr(cfg, "model_name", "custom"),
+                "cfg": {"n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "d_model": cfg.d_model,
+                        "n_key_value_heads": getattr(cfg, "n_key_value_heads", None) or cfg.n_heads,
+                        "attn_only": bool(getattr(cfg, "attn_only", False))},
+                "score": "(a_corrupted - a_clean) . dM/d(receiver input), summed over positions, mean over prompts"}
+    return Graph(sender_names, receiver_names, scores, metadata)
+
+
+class _Run:
+    """The passes of one attribution: sender values, gradients at the receivers, and their products."""
+
+    def __init__(self, model, metric, mask, n_prompts, steps, columns, upstream):
+        self.model, self.metric, self.mask, self.n = model, metric, mask, n_prompts
+        self.steps, self.columns, self.upstream = steps, columns, upstream
+        weight = model.embed.W_E
+        self.acc_dtype = torch.promote_types(weight.dtype, torch.float32)
+        self.device = weight.device
+
+    def zeros(self, *shape) -> Tensor:
+        return torch.zeros(*shape, dtype=self.acc_dtype, device=self.device)
+
+    def _metric(self, logits: Tensor, rows: int) -> Tensor:
+        values = self.metric(logits)
+        if not isinstance(values, Tensor) or tuple(values.shape) != (rows,):
+            got = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
+            raise ValueError(f"the metric must return one value per batch row, shape ({rows},); got {got} (a "
+                             "VariantMetric or a scalar metric cannot be used for edge attribution)")
+        return values
+
+    def sender_values(self, tokens: Tensor) -> tuple:
+        """([sender batch pos d_model] outputs, the metric's mean) of a forward without gradients."""
+        store = {}
+        hooks = [(name, saving_hook(store)) for name in sender_hook_names(self.model.cfg)]
+        with torch.no_grad(), self.model.hooks(fwd_hooks=hooks):
+            logits = self.model(tokens, attention_mask=self.mask)
+        metric = float(self._metric(logits, tokens.shape[0]).mean())
+        return stack_senders(store, self.model.cfg), metric
+
+    def gradients(self, tokens: Tensor, ts: Sequence, embed_hook=None, extra_hooks=(), save_senders=False):
+        """One pass over len(ts) stacked copies of the batch. Returns (the senders' values if asked, the
+        gradient at every receiver hook summed over the copies [batch pos (head) d_model], the metric's
+        mean). The loss is the metric's sum over rows / (n_prompts * steps): summed over every pass of
+        one attribution, the gradients are the mean over the m steps of the gradient of the prompt mean."""
+        copies = len(ts)
+        rows = copies * self.n
+        stacked = tokens.repeat(copies, 1)
+        mask = None if self.mask is None else self.mask.repeat(copies, 1)
+        captured, saved = {}, {}
+
+        def capture(x, hook):
+            captured[hook.name] = x
+
+        def leaf(x, hook):
+            # a leaf that needs grad: receivers get gradients even if every parameter is frozen
+            return x.detach().requires_grad_(True)
+
+        hooks = [(EMBED_HOOK, embed_hook if embed_hook is not None else leaf)] + list(extra_hooks)
+        if save_senders:
+            hooks += [(name, saving_hook(saved)) for name in sender_hook_names(self.model.cfg)]
+        hooks += [(name, capture) for name, _ in self.columns]
+        with torch.enable_grad():
+            with self.model.hooks(fwd_hooks=hooks):
+                logits = self.model(stacked, attention_mask=mask)
+            values = self._metric(logits, rows)
+            loss = values.sum() / (self.n * self.steps)
+            names = [name for name, _ in self.columns]
+            grads = torch.autograd.grad(loss, [captured[name] for name in names], allow_unused=True)
+        out = {}
+        for name, grad in zip(names, grads):
+            if grad is None:
+                grad = torch.zeros_like(captured[name])
+            out[name] = grad.reshape(copies, self.n, *grad.shape[1:]).sum(0)
+        senders_values = stack_senders(saved, self.model.cfg) if save_senders else None
+        return senders_values, out, float(values.detach().reshape(copies, self.n)[0].mean())
+
+    def _flat_grad(self, grad: Tensor) -> Tensor:
+        """[batch pos (head) d_model] -> [(batch pos d_model), head] in the accumulation dtype, padding zeroed."""
+        if grad.ndim == 3:
+            grad = grad.unsqueeze(2)
+        grad = grad.to(self.acc_dtype)
+        if self.mask is not None:
+            keep = self.mask.to(torch.bool)[:, :, None, None]
+            grad = torch.where(keep, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
+        return grad.permute(0, 1, 3, 2).reshape(-1, grad.shape[2])
+
+    def _flat_delta(self, delta: Tensor) -> Tensor:
+        """[sender batch pos d_model] -> [sender (batch pos d_model)] in the accumulation dtype."""
+        delta = delta.to(self.acc_dtype)
+        if self.mask is not None:
+            delta = delta * self.mask.to(delta.dtype)[None, :, :, None]
+        return delta.reshape(delta.shape[0], -1)
+
+    def accumulate_all(self, delta: Tensor, grads: dict, acc: Optional[Tensor] = None) -> Tensor:
+        """acc[s, r] += Delta_s . g_r for every edge (each receiver's upstream senders are a prefix)."""
+        flat = self._flat_delta(delta)
+        if acc is None:
+            acc = self.zeros(flat.shape[0], sum(len(cols) for _, cols in self.columns))
+        for name, cols in self.columns:
+            n_up = self.upstream[cols[0]]
+            acc[:n_up, cols] += flat[:n_up] @ self._flat_grad(grads[name])
+        return acc
+
+    def accumulate_row(self, acc: Tensor, row: int, delta: Tensor, grads: dict) -> None:
+        """acc[row, r] += Delta_row . g_r for the receivers downstream of sender ``row``."""
+        flat = self._flat_delta(delta[None])[0]
+        for name, cols in self.columns:
+            if self.upstream[cols[0]] > row:
+                acc[row, cols] += flat @ self._flat_grad(grads[name])
+
+
+def _interpolate(clean: Tensor, delta: Tensor, ts: Sequence, index: Optional[int]):
+    """A forward hook putting clean + t * delta (one copy of the batch per t) at a sender's hook; at
+    head ``index`` of a [batch pos head d_model] activation when given."""
+    def hook(x, hook):
+        values = torch.cat([clean + t * delta for t in ts]).to(x.dtype)
+        if index is None:
+            return values.requires_grad_(True) if hook.name == EMBED_HOOK else values
+        x = x.clone()
+        x[:, :, index] = values
+        return x
+    return hook
+
+
+def _bar(items: list, progress: bool, desc: str):
+    if not progress:
+        return items
+    from tqdm.auto import tqdm
+    return tqdm(items, desc=desc)
+
+
+def _check_method(method: str, steps: Optional[int]) -> int:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if method == "EAP":
+        if steps not in (None, 1):
+            raise ValueError(f"EAP takes one gradient (steps=None or 1), got steps={steps}; use method="
+                             "'EAP-IG-inputs' or 'EAP-IG-activations' for integrated gradients")
+        return 1
+    return DEFAULT_IG_STEPS if steps is None else steps
+
+
+def _check_inputs(model, clean, corrupted, attention_mask) -> tuple:
+    device = model.embed.W_E.device
+    for what, tokens in (("clean_tokens", clean), ("corrupted_tokens", corrupted)):
+        if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool \
+                or tokens.ndim != 2:
+            got = f"{tokens.dtype} shape {tuple(tokens.shape)}" if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise ValueError(f"{what} must be a [batch pos] tensor of token ids, got {got}")
+    if clean.shape != corrupted.shape:
+        raise ValueError(f"clean_tokens {tuple(clean.shape)} and corrupted_tokens {tuple(corrupted.shape)} must have "
+                         "the same shape (the senders' differences are taken position by position)")
+    if attention_mask is not None:
+        if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != tuple(clean.shape):
+            got = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+            raise ValueError(f"attention_mask must be a [batch pos] tensor of the tokens' shape "
+                             f"{tuple(clean.shape)}, got {got}")
+        attention_mask = attention_mask.to(device)
+    return clean.to(device), corrupted.to(device), attention_mask
