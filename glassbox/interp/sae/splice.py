@@ -22,6 +22,7 @@ The SAE's parameters are not the model's; the SAE must be on the model's device.
 spliced at once, each at its own hook; adding one where another is spliced replaces it (as SAELens).
 """
 
+import math
 from contextlib import contextmanager
 from typing import Iterable, Optional, Sequence
 
@@ -30,6 +31,7 @@ from torch import Tensor
 
 from ...hooks import HookPoint, Splice
 from ...hooks.root import unknown_name_message
+from ...models.hook_shapes import axis_sizes, hook_shape
 from .base import SAE
 
 
@@ -58,6 +60,9 @@ class SpliceRun:
 
     def __call__(self, x: Tensor) -> Tensor:
         sae = self.sae
+        if sae.device != x.device:
+            raise ValueError(f"the SAE spliced at {sae.cfg.hook_out} is on {sae.device}, the activation on "
+                             f"{x.device} (the model moved after add_sae?); move it (sae.to({str(x.device)!r}))")
         sae_in = x
         if self.capture is not None:
             sae_in, self.capture.value = self.capture.value, None
@@ -109,6 +114,7 @@ def add_sae(model, sae: SAE, use_error_term: bool = False) -> None:
         if name not in model.hook_dict:
             raise KeyError(f"the SAE reads or writes at {name!r}, which this model does not have: "
                            + unknown_name_message(name, model.hook_dict))
+    check_widths(model, sae)
     model_device = next(model.parameters()).device
     if sae.device != model_device:
         raise ValueError(f"the SAE at {cfg.hook_name} is on {sae.device} and the model on {model_device}; "
@@ -130,6 +136,40 @@ def add_sae(model, sae: SAE, use_error_term: bool = False) -> None:
         raise
 
 
+def hook_width(model, name: str, flatten_heads: bool) -> Optional[int]:
+    """Values per position at hook ``name`` in ``model`` (heads flattened when ``flatten_heads``), from
+    HOOK_SHAPES; None where the table or the model's config cannot say (checked at run time then)."""
+    cfg, flags = getattr(model, "cfg", None), getattr(model, "hook_flags", None)
+    if cfg is None:
+        return None
+    try:
+        axes = hook_shape(name, flags, cfg).split()
+    except KeyError:
+        return None
+    if axes[:2] != ["batch", "pos"]:
+        return None
+    sizes = axis_sizes(cfg, 1, 1)
+    dims = [int(a) if a.isdigit() else sizes[a] for a in axes[2:]]
+    if flatten_heads:
+        return math.prod(dims[-2:]) if len(dims) >= 2 else None
+    return dims[-1] if dims else None
+
+
+def check_widths(model, sae: SAE) -> None:
+    """Refuse an SAE whose d_in is not the width of the hook it reads (and, for a transcoder, writes)."""
+    cfg = sae.cfg
+    ends = [("reads", cfg.hook_name, cfg.reshape_activations == "hook_z")]
+    if cfg.is_transcoder:
+        ends.append(("writes", cfg.hook_out, False))
+    for verb, name, flatten in ends:
+        width = hook_width(model, name, flatten)
+        if width is not None and width != cfg.d_in:
+            shape = hook_shape(name, getattr(model, "hook_flags", None), model.cfg)
+            how = " with its heads flattened" if flatten else ""
+            raise ValueError(f"the SAE {verb} at {name!r} ({shape}{how}: {width} values per position), but its "
+                             f"d_in is {cfg.d_in}")
+
+
 def remove_sae(model, hook_name: str, missing_ok: bool = False) -> Optional[tuple]:
     """Remove what is spliced at ``hook_name`` (either end of a transcoder removes both ends).
 
@@ -145,6 +185,7 @@ def remove_sae(model, hook_name: str, missing_ok: bool = False) -> Optional[tupl
     model.remove_splice(sae.cfg.hook_out)
     if sae.cfg.is_transcoder and sae.cfg.hook_name in model.splices:
         model.remove_splice(sae.cfg.hook_name)
+    sae.setup()  # its hook points had the model's long names while spliced; give them back their own
     return sae, use_error_term
 
 
@@ -167,7 +208,8 @@ def with_saes(model, saes: Sequence[SAE] = (), reset_saes_end: bool = True, use_
     try:
         for sae in saes:
             previous = [remove_sae(model, name, missing_ok=True) for name in (sae.cfg.hook_out, sae.cfg.hook_name)]
-            replaced.extend(p for p in previous if p is not None)
+            # One of this block's own SAEs replaced by a later one at its hook is not restored at exit.
+            replaced.extend(p for p in previous if p is not None and not any(p[0] is a for a in added))
             add_sae(model, sae, use_error_term=error_term)
             added.append(sae)
         yield model
