@@ -37,7 +37,6 @@ the residual identity the evaluation relies on.
 from typing import Callable, Optional, Union
 
 import torch
-from jaxtyping import Int
 from torch import Tensor
 
 from ..patching.metrics import PositionMetric, VariantMetric
@@ -45,7 +44,7 @@ from . import edges
 
 DEFAULT_MEMORY_BUDGET = 2**30
 FLAGS = ("use_attn_result", "use_split_qkv_input", "use_hook_mlp_in")
-Tokens = Union[Int[Tensor, "batch pos"], str, list]
+Tokens = Union[Tensor, str, list]  # token ids [prompt pos] or text; shapes are checked by hand, with a message
 
 
 def evaluate_circuit(model, clean_tokens: Tokens, corrupted_tokens: Tokens, metric: Callable, edge_masks,
@@ -175,10 +174,11 @@ def as_masks(model, edge_masks) -> tuple:
         got = edge_masks.dtype if isinstance(edge_masks, Tensor) else type(edge_masks).__name__
         raise TypeError(f"edge_masks must be a bool tensor [n_senders, n_receivers] = {list(shape)} (or a stack of "
                         f"them, or Graphs), got {got}")
+    given = tuple(edge_masks.shape)
     if edge_masks.ndim == 2:
         edge_masks, single = edge_masks[None], True
     if edge_masks.ndim != 3 or tuple(edge_masks.shape[1:]) != shape or edge_masks.shape[0] == 0:
-        raise ValueError(f"edge_masks has shape {tuple(edge_masks.shape)}; expected [n_senders, n_receivers] = "
+        raise ValueError(f"edge_masks has shape {given}; expected [n_senders, n_receivers] = "
                          f"{list(shape)} or [mask, {shape[0]}, {shape[1]}] with at least one mask")
     return edge_masks.to(model.cfg_device()), single
 
