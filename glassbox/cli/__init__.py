@@ -6,7 +6,7 @@ import sys
 
 from .errors import Parser, UsageError
 
-COMMANDS = ("demo", "parity", "attention", "train")
+COMMANDS = ("demo", "parity", "attention", "train", "circuit")
 
 
 def build_parser() -> Parser:
