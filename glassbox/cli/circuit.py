@@ -1,0 +1,232 @@
+"""``glassbox circuit``: find the edges behind one prediction, and check the circuit they make exactly.
+
+    glassbox circuit --clean "Elizabeth read the letter. Then Elizabeth read the" \\
+        --corrupted "Elizabeth read the garden. Then Elizabeth read the" \\
+        --answer " letter" --distractor " garden" [--method EAP|EAP-IG --steps m --top-k K --out DIR]
+
+The metric is the logit difference answer - distractor at the last position. Every edge (input,
+heads, MLPs -> each head's q/k/v input, each MLP input, the logits) is scored by edge attribution
+patching (EAP; EAP-IG averages the gradient over ``--steps`` interpolation steps). Circuits of the
+top k edges are then evaluated exactly, for a sweep of sizes k: the clean input runs and every edge
+outside the circuit carries its sender's corrupted value. Faithfulness is (m(circuit) -
+m(corrupted)) / (m(clean) - m(corrupted)): 1 when the circuit alone restores the clean prediction.
+The circuit written is the top ``--top-k`` edges, or, without ``--top-k``, the smallest swept size
+whose faithfulness reaches 0.9 (the largest size when none does; the output says so).
+
+Writes ``DIR/graph.json`` (``Graph.to_json``: every edge's score, the circuit, metadata with the
+faithfulness curve) and ``DIR/circuit.html`` (the offline graph page), and prints the top edges, the
+faithfulness at each size and the curve's CPR and CMD. Clean and corrupted prompts must have the same
+number of tokens (edges are patched position by position); answer and distractor must be one token
+each. A mistake in the arguments is one line, ``glassbox circuit: error: ...``, exit status 2.
+"""
+
+import json
+import time
+
+from ..weights.pretrained import DEFAULT_MODEL
+from .common import (load_model, make_folder, output_folder, positive_int, prompt_tokens, text_arg, tokenizer_of,
+                     write_output)
+from .errors import UsageError, device_arg, user_errors
+
+METHODS = {"EAP": "EAP", "EAP-IG": "EAP-IG-inputs", "EAP-IG-inputs": "EAP-IG-inputs",
+           "EAP-IG-activations": "EAP-IG-activations"}  # --method -> eap()'s method
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+DEFAULT_STEPS = 5  # EAP-IG's interpolation steps when --steps is not given
+TARGET = 0.9       # the faithfulness the circuit chosen without --top-k must reach
+OUTPUTS = ("graph.json", "circuit.html")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("circuit", help="score every edge (EAP, EAP-IG), then evaluate the top-k circuit exactly",
+                       description="Score every edge between the input, heads, MLPs and logits by edge attribution "
+                       "patching, evaluate circuits of the best edges exactly for a sweep of sizes, and write "
+                       "graph.json and circuit.html. A mistake in the arguments is one line and exit status 2.")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"hub name (gpt2, ...; from the hub or the local Hugging Face cache), folder or shipped model "
+                        f"(default {DEFAULT_MODEL}); needs sequential pre-norm blocks")
+    p.add_argument("--clean", type=text_arg, required=True, help="the prompt whose prediction the circuit explains")
+    p.add_argument("--corrupted", type=text_arg, required=True,
+                   help="the same prompt with something changed; as many tokens as --clean")
+    p.add_argument("--answer", type=text_arg, required=True, help="one token: the clean prompt's next token")
+    p.add_argument("--distractor", type=text_arg, required=True,
+                   help="one token: what the corrupted prompt predicts instead")
+    p.add_argument("--method", choices=tuple(METHODS), default="EAP-IG",
+                   help="EAP (one gradient), or EAP-IG (default; the gradient averaged over --steps points between "
+                        "the clean and corrupted embeddings, = EAP-IG-inputs), or EAP-IG-activations (per sender, "
+                        "n_senders times the cost)")
+    p.add_argument("--steps", type=positive_int, default=None,
+                   help=f"EAP-IG's interpolation steps (default {DEFAULT_STEPS}); not for EAP")
+    p.add_argument("--top-k", type=positive_int, default=None,
+                   help=f"edges in the circuit written (default: the smallest swept size with faithfulness >= "
+                        f"{TARGET})")
+    p.add_argument("--out", default="glassbox-circuit",
+                   help="output folder, created if needed (default glassbox-circuit)")
+    p.add_argument("--max-edges", type=positive_int, default=200,
+                   help="most edges drawn on the page (the circuit's first; default 200)")
+    p.add_argument("--device", default=None, type=device_arg, help="e.g. cuda; default: cpu")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="precision of the model (default float32)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def sweep_sizes(n_edges: int, top_k=None) -> list:
+    """Circuit sizes 1, 2, 5, 10, 20, 50, ... below n_edges, then n_edges itself, and ``top_k``."""
+    sizes, base = set(), 1
+    while base < n_edges:
+        sizes.update(s for s in (base, 2 * base, 5 * base) if s < n_edges)
+        base *= 10
+    sizes.add(n_edges)
+    if top_k is not None:
+        sizes.add(top_k)
+    return sorted(sizes)
+
+
+def check_arguments(args, model) -> tuple:
+    """(clean [1 pos], corrupted [1 pos], answer id, distractor id), or a UsageError naming the argument."""
+    from .demo import not_one_token, token_id
+
+    if args.method == "EAP" and args.steps not in (None, 1):
+        raise UsageError(f"--steps {args.steps} is for EAP-IG (EAP takes one gradient); drop --steps or give "
+                         "--method EAP-IG")
+    clean = prompt_tokens(model, args.clean, flag="--clean")
+    corrupted = prompt_tokens(model, args.corrupted, flag="--corrupted")
+    if clean.shape != corrupted.shape:
+        bos = " (BOS included)" if model.cfg.default_prepend_bos else ""
+        raise UsageError(f"--clean is {clean.shape[1]} tokens and --corrupted {corrupted.shape[1]}{bos}; they must "
+                         "have the same number of tokens, since each edge is patched position by position")
+    if bool((clean == corrupted).all()):
+        raise UsageError("--corrupted has the same tokens as --clean; change what the circuit should explain "
+                         "(e.g. the word the answer repeats)")
+    ids = {}
+    for flag, value in (("--answer", args.answer), ("--distractor", args.distractor)):
+        why = not_one_token(model, value)
+        if why:
+            raise UsageError(f"{flag} {value!r} {why}; give a single-token word")
+        ids[flag] = token_id(model, value)
+    if ids["--answer"] == ids["--distractor"]:
+        raise UsageError(f"--distractor {args.distractor!r} is the same token as --answer; the logit difference "
+                         "would be 0 on every run")
+    return clean, corrupted, ids["--answer"], ids["--distractor"]
+
+
+def run(args) -> int:
+    import torch
+
+    from ..interp.attribution import edges
+
+    out = output_folder(args.out)
+    for name in OUTPUTS:
+        if (out / name).is_dir():
+            raise UsageError(f"--out {args.out!r} holds a folder named {name}, where this command writes a file; "
+                             "give another folder")
+    model = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype))
+    tokenizer_of(model, args.model)
+    clean, corrupted, answer, distractor = check_arguments(args, model)
+    n_edges = int(edges.edge_mask_for(edges.senders(model.cfg), edges.receivers(model.cfg)).sum())
+    if args.top_k is not None and args.top_k > n_edges:
+        raise UsageError(f"--top-k {args.top_k} is more than this model's {n_edges} edges; give at most {n_edges}")
+    steps = (args.steps or DEFAULT_STEPS) if args.method == "EAP-IG" else 1
+    found = find_circuit(model, args.model, clean, corrupted, answer, distractor, args.method, steps, args.top_k,
+                         progress=not args.no_progress)
+    make_folder(out, args.out)
+    write_outputs(found, out, args)
+    print(summary(found, args))
+    return 0
+
+
+class Found:
+    """What ``find_circuit`` found: the scored graph with its circuit chosen, and the exact sweep."""
+
+    def __init__(self, graph, sizes, faithfulness, chosen, reached, clean_metric, corrupted_metric, areas, seconds):
+        self.graph, self.sizes, self.faithfulness = graph, sizes, faithfulness
+        self.chosen, self.reached = chosen, reached  # circuit size; whether it reached TARGET (no --top-k)
+        self.clean_metric, self.corrupted_metric = clean_metric, corrupted_metric
+        self.areas, self.seconds = areas, seconds  # {"CPR": ..., "CMD": ...}
+
+
+def find_circuit(model, name, clean, corrupted, answer: int, distractor: int, method: str, steps: int, top_k,
+                 progress: bool) -> Found:
+    """Score every edge, evaluate the top-k circuits exactly over ``sweep_sizes``, choose one."""
+    from ..interp.attribution.circuit import evaluate_circuit
+    from ..interp.attribution.eap import eap
+    from ..interp.attribution.eap_setup import check_edge_model
+    from ..interp.patching import LogitDiff
+
+    start = time.perf_counter()
+    metric = LogitDiff(answer, distractor)
+    with user_errors(ValueError, prefix=f"--model {name!r}: "):
+        check_edge_model(model)
+    graph = eap(model, clean, corrupted, metric, method=METHODS[method], steps=steps if method != "EAP" else None,
+                progress=progress)
+    n_scored = int((~graph.scores.isnan()).sum())
+    sizes = sweep_sizes(n_scored, top_k)
+    circuits = [graph.top_k(0), graph.top_k(n_scored)] + [graph.top_k(k) for k in sizes]
+    values = evaluate_circuit(model, clean, corrupted, metric, circuits, progress=progress).double().cpu().tolist()
+    corrupted_metric, clean_metric = values[0], values[1]
+    if not abs(clean_metric - corrupted_metric) > 1e-6 * max(1.0, abs(clean_metric)):
+        raise UsageError(f"the logit difference is {clean_metric:.4g} on --clean and {corrupted_metric:.4g} on "
+                         "--corrupted; faithfulness (m(circuit) - m(corrupted)) / (m(clean) - m(corrupted)) needs "
+                         "them to differ, so choose a corruption that changes the prediction")
+    faithfulness = {k: (v - corrupted_metric) / (clean_metric - corrupted_metric) for k, v in zip(sizes, values[2:])}
+    if top_k is not None:
+        chosen, reached = top_k, faithfulness[top_k] >= TARGET
+    else:
+        reaching = [k for k in sizes if faithfulness[k] >= TARGET]
+        chosen, reached = (reaching[0], True) if reaching else (sizes[-1], False)
+    circuit = graph.top_k(chosen)
+    areas = curve_areas(sizes, faithfulness, n_scored)
+    circuit.metadata.update({
+        "circuit_size": chosen, "circuit_faithfulness": faithfulness[chosen],
+        "faithfulness": {str(k): v for k, v in faithfulness.items()}, **areas,
+        "metric_clean_exact": clean_metric, "metric_corrupted_exact": corrupted_metric,
+        "answer": model.tokenizer.decode([answer]), "distractor": model.tokenizer.decode([distractor])})
+    return Found(circuit, sizes, faithfulness, chosen, reached, clean_metric, corrupted_metric, areas,
+                 time.perf_counter() - start)
+
+
+def curve_areas(sizes: list, faithfulness: dict, n_edges: int) -> dict:
+    """CPR and CMD of the faithfulness curve over the fraction of edges kept (see faithfulness.py)."""
+    from ..interp.attribution.faithfulness import cpr_cmd
+
+    return cpr_cmd(sizes, [faithfulness[k] for k in sizes], n_edges)
+
+
+def write_outputs(found: Found, out, args) -> None:
+    from ..interp.plots.graph import circuit_page
+
+    write_output(out / "graph.json", args.out, json.dumps(found.graph.to_json(), allow_nan=False))
+    meta = found.graph.metadata
+    page = circuit_page(found.graph, title=f"circuit of {meta.get('model', args.model)}: {args.answer!r} over "
+                        f"{args.distractor!r}", max_edges=args.max_edges,
+                        faithfulness=found.faithfulness[found.chosen], curve=found.faithfulness)
+    write_output(out / "circuit.html", args.out, page)
+
+
+def summary(found: Found, args, n_top: int = 10) -> str:
+    graph, meta = found.graph, found.graph.metadata
+    cfg = meta.get("cfg", {})
+    steps = f" ({meta['steps']} steps)" if meta.get("steps") else ""
+    lines = [f"model {meta.get('model')}: {cfg.get('n_layers')} layers x {cfg.get('n_heads')} heads; "
+             f"{graph.n_edges:,} edges scored by {meta['method']}{steps}",
+             f"logit difference {args.answer!r} - {args.distractor!r}: clean {found.clean_metric:.3f}, "
+             f"corrupted {found.corrupted_metric:.3f}", "", f"top {min(n_top, graph.n_edges)} edges:"]
+    edges = graph.edges()[:n_top]
+    width = max((len(f"{s} -> {r}") for s, r, _ in edges), default=0)
+    lines += [f"  {f'{s} -> {r}':<{width}}  {score:+.4f}" for s, r, score in edges]
+    lines += ["", "faithfulness of the top-k circuit (exact evaluation):", f"  {'k':>7}  faithfulness"]
+    lines += [f"  {k:>7,}  {found.faithfulness[k]:12.4f}" + ("  <- chosen" if k == found.chosen else "")
+              for k in found.sizes]
+    lines.append(f"  CPR {found.areas['CPR']:.4f} (area under the curve; higher is better), "
+                 f"CMD {found.areas['CMD']:.4f} (area under |1 - faithfulness|; lower is better)")
+    if args.top_k is not None:
+        why = f"--top-k {args.top_k}"
+    elif found.reached:
+        why = f"the smallest swept size with faithfulness >= {TARGET}"
+    else:
+        why = f"no swept size reached faithfulness {TARGET}, so the largest"
+    nodes = graph.nodes_in_circuit()
+    lines += ["", f"circuit: the top {found.chosen:,} edges ({why}), faithfulness "
+              f"{found.faithfulness[found.chosen]:.4f}; {len(nodes)} nodes: {', '.join(nodes[:20])}"
+              + (" ..." if len(nodes) > 20 else ""),
+              f"wrote {args.out}/graph.json and {args.out}/circuit.html in {found.seconds:.1f} s"]
+    return "\n".join(lines)
