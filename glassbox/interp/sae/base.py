@@ -1,10 +1,16 @@
 """SAE: the base class of every sparse autoencoder and transcoder, with SAELens's hook points.
 
 Shapes and conventions (SAELens's):
-- ``W_enc`` [d_in d_sae], ``b_enc`` [d_sae], ``W_dec`` [d_sae d_in] (one row per feature: the
-  feature's decoder direction), ``b_dec`` [d_in].
+- ``W_enc`` [d_in d_sae], ``b_enc`` [d_sae], ``W_dec`` [d_sae d_out] (one row per feature: the
+  feature's decoder direction), ``b_dec`` [d_out]; ``d_out`` is ``d_in`` except for a transcoder
+  (``cfg.d_output``). A gated SAE has no ``b_enc`` (it is None).
 - ``encode(x)``: ``sae_in = x - b_dec`` when ``apply_b_dec_to_input`` (else ``x``), then
   ``acts = activation(sae_in @ W_enc + b_enc)``; ``decode(acts) = acts @ W_dec + b_dec``.
+- ``normalize_activations`` (``config.py``): the input is normalised after ``hook_sae_input`` and
+  before ``b_dec`` is subtracted; ``decode`` un-normalises after ``hook_sae_recons`` with the
+  coefficient the last ``encode`` kept (so ``decode`` must follow the ``encode`` of the same input).
+- ``forward(x)`` is ``decode(encode(x))`` plus ``skip(x)`` (a skip transcoder's ``x @ W_skip.T``; none
+  for the others): a splice writes ``forward``, not ``decode(encode(x))``.
 - A ``hook_z`` SAE (``reshape_activations="hook_z"``) reads [... head d_head] and flattens the heads,
   head-major (``(head d_head)``), as SAELens does; ``decode`` gives the flattened [... d_in] and the
   splice un-flattens it.
@@ -48,12 +54,16 @@ class SAE(HookedRootModule):
         if cfg.normalize_activations not in NORMALIZATIONS:
             raise ValueError(f"normalize_activations={cfg.normalize_activations!r} is not supported "
                              f"(supported: {', '.join(NORMALIZATIONS)})")
+        if cfg.apply_b_dec_to_input and cfg.d_output != cfg.d_in:
+            raise ValueError(f"apply_b_dec_to_input subtracts b_dec [d_out={cfg.d_output}] from the input "
+                             f"[d_in={cfg.d_in}]; it needs d_out == d_in")
         self.cfg = cfg
+        self._norm_state: Optional[tuple] = None
         factory = dict(device=device, dtype=dtype)
         self.W_enc = nn.Parameter(torch.empty(cfg.d_in, cfg.d_sae, **factory))
         self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, **factory))
-        self.W_dec = nn.Parameter(torch.empty(cfg.d_sae, cfg.d_in, **factory))
-        self.b_dec = nn.Parameter(torch.zeros(cfg.d_in, **factory))
+        self.W_dec = nn.Parameter(torch.empty(cfg.d_sae, cfg.d_output, **factory))
+        self.b_dec = nn.Parameter(torch.zeros(cfg.d_output, **factory))
         self.add_parameters(factory)
         for name in SAE_HOOKS:
             setattr(self, name, HookPoint())
@@ -67,13 +77,20 @@ class SAE(HookedRootModule):
     @torch.no_grad()
     def initialize(self, generator: Optional[torch.Generator] = None) -> None:
         """W_dec rows uniform on the unit sphere's neighbourhood (Kaiming-uniform, then unit rows),
-        W_enc = W_dec^T, biases zero: every feature starts with a unit decoder direction."""
+        W_enc = W_dec^T (a transcoder with d_out != d_in: its own Kaiming-uniform W_enc), biases zero:
+        every feature starts with a unit decoder direction."""
         W = torch.empty_like(self.W_dec, dtype=torch.float32)
         nn.init.kaiming_uniform_(W, generator=generator)
         W = W / W.norm(dim=-1, keepdim=True).clamp_min(1e-12)
         self.W_dec.copy_(W)
-        self.W_enc.copy_(W.T)
-        self.b_enc.zero_()
+        if self.W_enc.shape == W.T.shape:
+            self.W_enc.copy_(W.T)
+        else:
+            W_enc = torch.empty_like(self.W_enc, dtype=torch.float32)
+            nn.init.kaiming_uniform_(W_enc, generator=generator)
+            self.W_enc.copy_(W_enc)
+        if self.b_enc is not None:
+            self.b_enc.zero_()
         self.b_dec.zero_()
 
     def activation(self, hidden_pre: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_sae"]:
@@ -100,8 +117,41 @@ class SAE(HookedRootModule):
     def sae_input(self, x: Tensor) -> Tensor:
         """What the encoder multiplies: flattened, in the SAE's dtype, through hook_sae_input, minus b_dec
         when ``apply_b_dec_to_input``."""
-        x = self.hook_sae_input(self.flatten_input(x).to(self.dtype))
+        x = self.normalize_in(self.hook_sae_input(self.flatten_input(x).to(self.dtype)))
         return x - self.b_dec if self.cfg.apply_b_dec_to_input else x
+
+    def normalize_in(self, x: Tensor) -> Tensor:
+        """``normalize_activations`` on the input (config.py); keeps the coefficient for ``decode``."""
+        mode = self.cfg.normalize_activations
+        if mode == "none":
+            return x
+        if mode == "constant_norm_rescale":
+            coeff = (self.cfg.d_in ** 0.5) / x.norm(dim=-1, keepdim=True)
+            self._norm_state = (coeff,)
+            return x * coeff
+        if mode == "layer_norm":
+            mu = x.mean(dim=-1, keepdim=True)
+            x = x - mu
+            std = x.std(dim=-1, keepdim=True)
+            self._norm_state = (mu, std)
+            return x / (std + 1e-5)
+        raise ValueError(f"normalize_activations={mode!r} is not supported")
+
+    def normalize_out(self, out: Tensor) -> Tensor:
+        """Undo ``normalize_in`` on a reconstruction with the coefficient of the last ``encode``."""
+        mode = self.cfg.normalize_activations
+        if mode == "none":
+            return out
+        state, self._norm_state = self._norm_state, None
+        if state is None or state[0].shape[:-1] != out.shape[:-1]:
+            got = "no encode" if state is None else f"an encode of {tuple(state[0].shape[:-1])} positions"
+            raise RuntimeError(f"the SAE at {self.cfg.hook_name} normalises its input "
+                               f"(normalize_activations={mode!r}): decode of {tuple(out.shape[:-1])} positions "
+                               f"needs the encode of the same input just before it, and found {got}")
+        if mode == "constant_norm_rescale":
+            return out / state[0]
+        mu, std = state
+        return out * std + mu
 
     def encode_pre(self, x: Tensor) -> Float[Tensor, "... d_sae"]:
         """The pre-activations, through hook_sae_acts_pre."""
@@ -111,13 +161,25 @@ class SAE(HookedRootModule):
         """Feature activations [... d_sae] of ``x`` [... d_in] (or [... head d_head] for a hook_z SAE)."""
         return self.hook_sae_acts_post(self.activation(self.encode_pre(x)))
 
-    def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_in"]:
-        """The reconstruction [... d_in], through hook_sae_recons."""
-        return self.hook_sae_recons(feature_acts @ self.W_dec + self.b_dec)
+    def decode_linear(self, feature_acts: Tensor) -> Tensor:
+        """``feature_acts @ W_dec + b_dec`` (TopK with rescale_acts_by_decoder_norm overrides)."""
+        return feature_acts @ self.W_dec + self.b_dec
+
+    def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_out"]:
+        """The reconstruction [... d_out] (flattened heads for a hook_z SAE), through hook_sae_recons,
+        then un-normalised (``normalize_activations``)."""
+        return self.normalize_out(self.hook_sae_recons(self.decode_linear(feature_acts)))
+
+    def skip(self, x: Tensor) -> Optional[Tensor]:
+        """A skip connection's term added by ``forward`` (a skip transcoder's); None here."""
+        return None
 
     def forward(self, x: Tensor) -> Tensor:
-        """decode(encode(x)), shaped like x (a hook_z SAE un-flattens its heads)."""
+        """decode(encode(x)) + skip(x); a hook_z SAE's output is shaped like x (heads un-flattened)."""
         out = self.decode(self.encode(x))
+        extra = self.skip(x)
+        if extra is not None:
+            out = out + extra
         return out.reshape(x.shape) if self.cfg.reshape_activations == "hook_z" else out
 
     # -- decoder norms ---------------------------------------------------------------------------
@@ -132,7 +194,8 @@ class SAE(HookedRootModule):
         norms = self.decoder_norms().clamp_min(1e-8)
         self.W_dec.div_(norms[:, None])
         self.W_enc.mul_(norms[None, :])
-        self.b_enc.mul_(norms)
+        if self.b_enc is not None:
+            self.b_enc.mul_(norms)
         self.fold_extra(norms)
 
     def fold_extra(self, norms: Tensor) -> None:
