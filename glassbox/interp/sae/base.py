@@ -34,6 +34,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from ...hooks import HookedRootModule, HookPoint
+from ...models.hook_shapes import axis_sizes, hook_shape
 from .config import NORMALIZATIONS, SAEConfig
 
 SAE_HOOKS = ("hook_sae_input", "hook_sae_acts_pre", "hook_sae_acts_post", "hook_sae_recons", "hook_sae_error",
@@ -181,6 +182,30 @@ class SAE(HookedRootModule):
         if extra is not None:
             out = out + extra
         return out.reshape(x.shape) if self.cfg.reshape_activations == "hook_z" else out
+
+    # -- fitting a model ---------------------------------------------------------------------------
+    def check_fits(self, model) -> None:
+        """Refuse, naming the hook and the widths, an SAE whose hooks ``model`` lacks or whose ``d_in``
+        (``d_out``) is not the width of the value at ``hook_name`` (``hook_name_out``): the last axis, or the
+        heads times d_head for a hook_z SAE. Hooks missing from glassbox's shape table are not checked."""
+        cfg = self.cfg
+        hooks = getattr(model, "hook_dict", {})
+        for role, name, width in (("reads", cfg.hook_name, cfg.d_in), ("writes", cfg.hook_out, cfg.d_output)):
+            if name not in hooks:
+                raise KeyError(f"the SAE {role} at {name!r}, which this model does not have")
+            try:
+                axes = hook_shape(name, getattr(model, "hook_flags", None), model.cfg).split()
+            except KeyError:
+                continue
+            sizes = axis_sizes(model.cfg, 1, 1)
+            if any(a not in sizes for a in axes):
+                continue
+            flat = cfg.reshape_activations == "hook_z" and len(axes) >= 4
+            have = sizes[axes[-1]] * (sizes[axes[-2]] if flat else 1)
+            if have != width:
+                what = f"{axes[-2]} x {axes[-1]}" if flat else axes[-1]
+                raise ValueError(f"the SAE {role} {'d_in' if role == 'reads' else 'd_out'}={width} values per "
+                                 f"position at {name}, where the model has {what} = {have}")
 
     # -- decoder norms ---------------------------------------------------------------------------
     @torch.no_grad()
