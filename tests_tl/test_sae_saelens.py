@@ -1,0 +1,188 @@
+"""glassbox's SAEs against SAELens 6's on the same weights, both ways through the folder format.
+
+For every architecture SAELens can run at inference (standard, topk with and without
+rescale_acts_by_decoder_norm, jumprelu, gated, the four transcoders), hook_z SAEs and the two
+normalisations glassbox implements: an SAE saved by glassbox (``save_sae``) loads in SAELens
+(``SAE.load_from_disk``), and an SAE saved by SAELens (``save_model``) loads in glassbox
+(``load_sae``), with equal ``encode`` and ``decode`` (and ``forward`` for the skip transcoders). The
+weights are random (every parameter, decoder rows of varied norms), the inputs random in float32.
+BatchTopK: SAELens's training SAE saved for inference (``save_inference_model``, a JumpReLU SAE) loads
+in glassbox, and glassbox's BatchTopK equals SAELens's on the same weights and batch.
+"""
+
+import json
+
+import pytest
+import torch
+from sae_lens import SAE as LensSAE
+from sae_lens.saes import (BatchTopKTrainingSAE, BatchTopKTrainingSAEConfig, GatedSAE, GatedSAEConfig, JumpReLUSAE,
+                           JumpReLUSAEConfig, JumpReLUSkipTranscoder, JumpReLUSkipTranscoderConfig, JumpReLUTranscoder,
+                           JumpReLUTranscoderConfig, SkipTranscoder, SkipTranscoderConfig, StandardSAE,
+                           StandardSAEConfig, TopKSAE, TopKSAEConfig, Transcoder, TranscoderConfig)
+from sae_lens.saes.sae import SAEMetadata
+
+from glassbox.interp.sae.architectures import BatchTopKSAE, make_sae
+from glassbox.interp.sae.config import SAEConfig
+from glassbox.interp.sae.format import load_sae, save_sae
+
+D_IN, D_SAE, D_OUT = 24, 41, 19
+HOOK, HOOK_Z = "blocks.0.hook_resid_pre", "blocks.1.attn.hook_z"
+TC_IN, TC_OUT = "blocks.0.ln2.hook_normalized", "blocks.0.hook_mlp_out"
+
+LENS = {"standard": (StandardSAE, StandardSAEConfig), "topk": (TopKSAE, TopKSAEConfig),
+        "jumprelu": (JumpReLUSAE, JumpReLUSAEConfig), "gated": (GatedSAE, GatedSAEConfig),
+        "transcoder": (Transcoder, TranscoderConfig), "skip_transcoder": (SkipTranscoder, SkipTranscoderConfig),
+        "jumprelu_transcoder": (JumpReLUTranscoder, JumpReLUTranscoderConfig),
+        "jumprelu_skip_transcoder": (JumpReLUSkipTranscoder, JumpReLUSkipTranscoderConfig)}
+TRANSCODERS = [a for a in LENS if "transcoder" in a]
+
+# case -> (architecture, glassbox SAEConfig keywords)
+CASES = {
+    "standard": ("standard", {}),
+    "topk": ("topk", dict(k=6)),
+    "topk_rescaled": ("topk", dict(k=6, rescale_acts_by_decoder_norm=True)),
+    "jumprelu": ("jumprelu", {}),
+    "gated": ("gated", {}),
+    "no_b_dec_in": ("standard", dict(apply_b_dec_to_input=False)),
+    "hook_z": ("standard", dict(hook_name=HOOK_Z, reshape_activations="hook_z")),
+    "hook_z_topk": ("topk", dict(k=5, hook_name=HOOK_Z, reshape_activations="hook_z")),
+    "constant_norm_rescale": ("standard", dict(normalize_activations="constant_norm_rescale")),
+    "layer_norm": ("jumprelu", dict(normalize_activations="layer_norm")),
+    **{a: (a, dict(hook_name=TC_IN, hook_name_out=TC_OUT, apply_b_dec_to_input=False, d_out=D_OUT))
+       for a in TRANSCODERS},
+}
+
+# measured max |glassbox - SAELens| over every case, 5 seeds, both directions, values up to 325: 0 (the
+# same float32 operations in the same order), so the bound is bit equality (the issue asks for 1e-6)
+BOUND = 0.0
+
+
+def randomize(module, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.7)
+            if name == "W_dec":
+                p.mul_(torch.rand(p.shape[0], 1, generator=g) * 3 + 0.2)
+            if name == "threshold":
+                p.abs_()
+
+
+def glassbox_sae(case, seed):
+    arch, kw = CASES[case]
+    kw = dict(kw)
+    sae = make_sae(SAEConfig(arch, D_IN, D_SAE, kw.pop("hook_name", HOOK), metadata={"model_name": "tiny"}, **kw))
+    randomize(sae, seed)
+    return sae
+
+
+def lens_sae(case, seed):
+    arch, kw = CASES[case]
+    kw = dict(kw)
+    meta = SAEMetadata(hook_name=kw.pop("hook_name", HOOK), model_name="tiny")
+    if "hook_name_out" in kw:
+        meta.hook_name_out = kw.pop("hook_name_out")
+    cls, cfg_cls = LENS[arch]
+    sae = cls(cfg_cls(d_in=D_IN, d_sae=D_SAE, metadata=meta, **kw))
+    randomize(sae, seed)
+    return sae
+
+
+def inputs(case, seed):
+    g = torch.Generator().manual_seed(100 + seed)
+    shape = (3, 5, 3, 8) if CASES[case][1].get("reshape_activations") == "hook_z" else (3, 5, D_IN)
+    return torch.randn(shape, generator=g) * 2
+
+
+def compare(gb, lens, case, seed):
+    """max |difference| of encode, decode (after encode: the normalisations' contract) and forward."""
+    x = inputs(case, seed)
+    with torch.no_grad():
+        acts_g, acts_l = gb.encode(x), lens.encode(x)
+        assert acts_g.shape == acts_l.shape == x.shape[:2] + (D_SAE,)
+        assert 0 < acts_g.count_nonzero() < acts_g.numel()
+        errs = [(acts_g - acts_l).abs().max().item()]
+        assert torch.equal(acts_g != 0, acts_l != 0)
+        gb.encode(x), lens.encode(x)  # the coefficient of this input for decode
+        dec_g, dec_l = gb.decode(acts_l), lens.decode(acts_l)
+        errs.append((dec_g - dec_l.reshape(dec_g.shape)).abs().max().item())
+        if "skip" in case:
+            out_g, out_l = gb(x), lens(x)
+            assert out_g.shape == out_l.shape == x.shape[:2] + (D_OUT,)
+            errs.append((out_g - out_l).abs().max().item())
+    return max(errs)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("case", list(CASES))
+def test_glassbox_folder_loads_in_saelens(tmp_path, case, seed):
+    gb = glassbox_sae(case, seed)
+    save_sae(gb, tmp_path / "sae")
+    lens = LensSAE.load_from_disk(str(tmp_path / "sae"))
+    assert lens.cfg.architecture() == gb.architecture
+    assert lens.cfg.metadata.hook_name == gb.cfg.hook_name
+    assert lens.cfg.metadata.hook_name_out == gb.cfg.hook_name_out
+    assert lens.cfg.metadata.model_name == "tiny"
+    assert set(lens.state_dict()) == set(gb.state_dict())
+    for k, v in gb.state_dict().items():
+        assert torch.equal(lens.state_dict()[k], v), k
+    assert compare(gb, lens, case, seed) <= BOUND
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("case", list(CASES))
+def test_saelens_folder_loads_in_glassbox(tmp_path, case, seed):
+    lens = lens_sae(case, seed)
+    lens.save_model(str(tmp_path / "sae"))
+    gb = load_sae(tmp_path / "sae")
+    arch, kw = CASES[case]
+    assert gb.architecture == arch and gb.cfg.hook_name == lens.cfg.metadata.hook_name
+    assert gb.cfg.hook_name_out == kw.get("hook_name_out")
+    for key in ("apply_b_dec_to_input", "normalize_activations", "reshape_activations"):
+        assert getattr(gb.cfg, key) == getattr(lens.cfg, key)
+    assert set(gb.state_dict()) == set(lens.state_dict())
+    assert compare(gb, lens, case, seed) <= BOUND
+
+
+def test_topk_ties_break_as_saelens(tmp_path):
+    """Duplicated encoder columns give equal pre-activations at the k-th place; both keep the same ones."""
+    gb = glassbox_sae("topk", 0)
+    with torch.no_grad():
+        gb.W_enc[:, 20:30] = gb.W_enc[:, 10:20]
+        gb.b_enc[20:30] = gb.b_enc[10:20]
+    save_sae(gb, tmp_path / "sae")
+    lens = LensSAE.load_from_disk(str(tmp_path / "sae"))
+    x = inputs("topk", 0)
+    with torch.no_grad():
+        assert torch.equal(gb.encode(x), lens.encode(x))
+
+
+def test_batchtopk_saved_by_saelens_is_glassbox_jumprelu_and_equal_to_glassbox_batchtopk(tmp_path):
+    for rescale in (False, True):
+        lens = BatchTopKTrainingSAE(BatchTopKTrainingSAEConfig(d_in=D_IN, d_sae=D_SAE, k=4.5,
+                                                               rescale_acts_by_decoder_norm=rescale,
+                                                               metadata=SAEMetadata(hook_name=HOOK)))
+        randomize(lens, 3)
+        lens.topk_threshold = torch.tensor(0.6, dtype=torch.double)
+        gb = make_sae(SAEConfig("batchtopk", D_IN, D_SAE, HOOK, k=4.5, rescale_acts_by_decoder_norm=rescale))
+        with torch.no_grad():
+            for name, p in gb.named_parameters():
+                p.copy_(lens.state_dict()[name])
+            gb.topk_threshold.fill_(0.6)
+        x = inputs("standard", 3)
+        with torch.no_grad():
+            assert torch.equal(gb.encode(x), lens.encode(x))  # the batch rule, training-time
+        folder = tmp_path / f"lens{rescale}"
+        lens.save_inference_model(str(folder))
+        assert json.loads((folder / "cfg.json").read_text())["architecture"] == "jumprelu"
+        back = load_sae(folder)
+        mine = gb.to_jumprelu()
+        assert back.architecture == "jumprelu"
+        for k, v in mine.state_dict().items():
+            assert torch.equal(back.state_dict()[k], v), k
+        save_sae(gb, tmp_path / f"gb{rescale}")
+        lens_back = LensSAE.load_from_disk(str(tmp_path / f"gb{rescale}"))
+        assert isinstance(lens_back, JumpReLUSAE)
+        with torch.no_grad():
+            assert torch.equal(lens_back.encode(x), mine.encode(x))
+            assert torch.equal(lens_back.decode(mine.encode(x)), mine.decode(mine.encode(x)))
