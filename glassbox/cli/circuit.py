@@ -69,11 +69,15 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+STEPS_PER_DECADE = (1, 1.5, 2, 3, 5, 7)
+
+
 def sweep_sizes(n_edges: int, top_k=None) -> list:
-    """Circuit sizes 1, 2, 5, 10, 20, 50, ... below n_edges, then n_edges itself, and ``top_k``."""
+    """Circuit sizes 1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 70, 100, ... below n_edges, then n_edges itself,
+    and ``top_k``."""
     sizes, base = set(), 1
     while base < n_edges:
-        sizes.update(s for s in (base, 2 * base, 5 * base) if s < n_edges)
+        sizes.update(int(s * base) for s in STEPS_PER_DECADE if 1 <= int(s * base) < n_edges)
         base *= 10
     sizes.add(n_edges)
     if top_k is not None:
@@ -135,21 +139,22 @@ def run(args) -> int:
 
 
 class Found:
-    """What ``find_circuit`` found: the scored graph with its circuit chosen, and the exact sweep."""
+    """What ``find_circuit`` found: the scored graph with its circuit chosen, the exact sweep over edge
+    counts (``sweep``) and the one over MIB's fractions of edges (``mib``, for CPR and CMD)."""
 
-    def __init__(self, graph, sizes, faithfulness, chosen, reached, clean_metric, corrupted_metric, areas, seconds):
-        self.graph, self.sizes, self.faithfulness = graph, sizes, faithfulness
-        self.chosen, self.reached = chosen, reached  # circuit size; whether it reached TARGET (no --top-k)
-        self.clean_metric, self.corrupted_metric = clean_metric, corrupted_metric
-        self.areas, self.seconds = areas, seconds  # {"CPR": ..., "CMD": ...}
+    def __init__(self, graph, sweep, mib, chosen: int, reached: bool, seconds: float):
+        self.graph, self.sweep, self.mib = graph, sweep, mib
+        self.chosen, self.reached, self.seconds = chosen, reached, seconds
+        self.faithfulness = dict(zip(sweep.sizes, sweep.faithfulness.tolist()))  # edge count -> faithfulness
 
 
 def find_circuit(model, name, clean, corrupted, answer: int, distractor: int, method: str, steps: int, top_k,
                  progress: bool) -> Found:
-    """Score every edge, evaluate the top-k circuits exactly over ``sweep_sizes``, choose one."""
-    from ..interp.attribution.circuit import evaluate_circuit
+    """Score every edge, evaluate the top-k circuits exactly over ``sweep_sizes`` and MIB's fractions,
+    and choose the circuit (``top_k``, or the smallest swept size reaching ``TARGET``)."""
     from ..interp.attribution.eap import eap
     from ..interp.attribution.eap_setup import check_edge_model
+    from ..interp.attribution.faithfulness import MIB_FRACTIONS, faithfulness_curve
     from ..interp.patching import LogitDiff
 
     start = time.perf_counter()
@@ -158,37 +163,26 @@ def find_circuit(model, name, clean, corrupted, answer: int, distractor: int, me
         check_edge_model(model)
     graph = eap(model, clean, corrupted, metric, method=METHODS[method], steps=steps if method != "EAP" else None,
                 progress=progress)
-    n_scored = int((~graph.scores.isnan()).sum())
-    sizes = sweep_sizes(n_scored, top_k)
-    circuits = [graph.top_k(0), graph.top_k(n_scored)] + [graph.top_k(k) for k in sizes]
-    values = evaluate_circuit(model, clean, corrupted, metric, circuits, progress=progress).double().cpu().tolist()
-    corrupted_metric, clean_metric = values[0], values[1]
-    if not abs(clean_metric - corrupted_metric) > 1e-6 * max(1.0, abs(clean_metric)):
-        raise UsageError(f"the logit difference is {clean_metric:.4g} on --clean and {corrupted_metric:.4g} on "
-                         "--corrupted; faithfulness (m(circuit) - m(corrupted)) / (m(clean) - m(corrupted)) needs "
-                         "them to differ, so choose a corruption that changes the prediction")
-    faithfulness = {k: (v - corrupted_metric) / (clean_metric - corrupted_metric) for k, v in zip(sizes, values[2:])}
+    clean_metric, corrupted_metric = graph.metadata["metric_clean"], graph.metadata["metric_corrupted"]
+    if clean_metric == corrupted_metric:
+        raise UsageError(f"the logit difference is {clean_metric:.6g} on both --clean and --corrupted; faithfulness "
+                         "(m(circuit) - m(corrupted)) / (m(clean) - m(corrupted)) is then undefined, so choose a "
+                         "corruption that changes the prediction")
+    sweep = faithfulness_curve(model, graph, clean, corrupted, metric, sizes=sweep_sizes(graph.n_edges, top_k),
+                               progress=progress)
+    mib = faithfulness_curve(model, graph, clean, corrupted, metric, sizes=MIB_FRACTIONS, progress=progress)
     if top_k is not None:
-        chosen, reached = top_k, faithfulness[top_k] >= TARGET
+        chosen = top_k
+        reached = dict(zip(sweep.sizes, sweep.faithfulness.tolist()))[top_k] >= TARGET
     else:
-        reaching = [k for k in sizes if faithfulness[k] >= TARGET]
-        chosen, reached = (reaching[0], True) if reaching else (sizes[-1], False)
+        smallest = sweep.smallest_size(TARGET)
+        chosen, reached = (smallest, True) if smallest is not None else (sweep.sizes[-1], False)
     circuit = graph.top_k(chosen)
-    areas = curve_areas(sizes, faithfulness, n_scored)
     circuit.metadata.update({
-        "circuit_size": chosen, "circuit_faithfulness": faithfulness[chosen],
-        "faithfulness": {str(k): v for k, v in faithfulness.items()}, **areas,
-        "metric_clean_exact": clean_metric, "metric_corrupted_exact": corrupted_metric,
+        "circuit_size": chosen, "circuit_faithfulness": dict(zip(sweep.sizes, sweep.faithfulness.tolist()))[chosen],
+        "faithfulness_by_size": sweep.as_dict(), "faithfulness_mib": mib.as_dict(), "CPR": mib.cpr, "CMD": mib.cmd,
         "answer": model.tokenizer.decode([answer]), "distractor": model.tokenizer.decode([distractor])})
-    return Found(circuit, sizes, faithfulness, chosen, reached, clean_metric, corrupted_metric, areas,
-                 time.perf_counter() - start)
-
-
-def curve_areas(sizes: list, faithfulness: dict, n_edges: int) -> dict:
-    """CPR and CMD of the faithfulness curve over the fraction of edges kept (see faithfulness.py)."""
-    from ..interp.attribution.faithfulness import cpr_cmd
-
-    return cpr_cmd(sizes, [faithfulness[k] for k in sizes], n_edges)
+    return Found(circuit, sweep, mib, chosen, reached, time.perf_counter() - start)
 
 
 def write_outputs(found: Found, out, args) -> None:
@@ -208,16 +202,19 @@ def summary(found: Found, args, n_top: int = 10) -> str:
     steps = f" ({meta['steps']} steps)" if meta.get("steps") else ""
     lines = [f"model {meta.get('model')}: {cfg.get('n_layers')} layers x {cfg.get('n_heads')} heads; "
              f"{graph.n_edges:,} edges scored by {meta['method']}{steps}",
-             f"logit difference {args.answer!r} - {args.distractor!r}: clean {found.clean_metric:.3f}, "
-             f"corrupted {found.corrupted_metric:.3f}", "", f"top {min(n_top, graph.n_edges)} edges:"]
+             f"logit difference {args.answer!r} - {args.distractor!r}: clean {found.sweep.full:.4f}, "
+             f"corrupted {found.sweep.empty:.4f} (exact evaluation)", "",
+             f"top {min(n_top, graph.n_edges)} edges:"]
     edges = graph.edges()[:n_top]
     width = max((len(f"{s} -> {r}") for s, r, _ in edges), default=0)
     lines += [f"  {f'{s} -> {r}':<{width}}  {score:+.4f}" for s, r, score in edges]
     lines += ["", "faithfulness of the top-k circuit (exact evaluation):", f"  {'k':>7}  faithfulness"]
-    lines += [f"  {k:>7,}  {found.faithfulness[k]:12.4f}" + ("  <- chosen" if k == found.chosen else "")
-              for k in found.sizes]
-    lines.append(f"  CPR {found.areas['CPR']:.4f} (area under the curve; higher is better), "
-                 f"CMD {found.areas['CMD']:.4f} (area under |1 - faithfulness|; lower is better)")
+    lines += [f"  {k:>7,}  {round(found.faithfulness[k], 4) + 0.0:12.4f}" + ("  <- chosen" if k == found.chosen else "")
+              for k in found.sweep.sizes]
+    fractions = ", ".join(f"{100 * x:g}%" for x in found.mib.fractions)
+    lines.append(f"  over MIB's sizes ({fractions} of the edges: {', '.join(map(str, found.mib.sizes))} edges):")
+    lines.append(f"  CPR {found.mib.cpr:.4f} (area under faithfulness; higher is better), "
+                 f"CMD {found.mib.cmd:.4f} (area under |1 - faithfulness|; lower is better)")
     if args.top_k is not None:
         why = f"--top-k {args.top_k}"
     elif found.reached:

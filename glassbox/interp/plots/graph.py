@@ -246,7 +246,7 @@ def circuit_page(graph, path: Optional[Union[str, Path]] = None, title: str = "c
         raise ValueError(f"faithfulness must be a finite number, got {faithfulness!r}")
     edges, n_edges, n_circuit = drawn_edges(graph, max_edges)
     text = caption(graph, len(edges), n_edges, n_circuit, faithfulness)
-    fig = circuit_plot(graph, max_edges=max_edges, title=escape(title))
+    fig = circuit_plot(graph, max_edges=max_edges, title="")  # the page's <h1> holds the title
     parts = dict(graph=fig.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False, div_id="circuit"),
                  curve="" if curve is None else curve_plot(curve).to_html(
                      full_html=False, include_plotlyjs=False, include_mathjax=False, div_id="faithfulness"))
