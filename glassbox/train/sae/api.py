@@ -6,7 +6,8 @@ With ``out=DIR`` the run keeps, in ``DIR``:
   ``resume=True`` refuses other settings, other data or another model;
 - ``checkpoint/`` (every ``checkpoint_every`` steps and at the end; see ``checkpoint.py``) and
   ``train_sae_log.jsonl`` (one JSON line per step: losses, L0, explained variance, lr, dead features);
-- at the end, the SAE in SAELens's folder format: ``cfg.json`` and ``sae_weights.safetensors``.
+- at the end, ``sae/``: the SAE in SAELens's folder format (``cfg.json``, ``sae_weights.safetensors``),
+  which ``glassbox.interp.sae.format.load_sae`` and SAELens's ``SAE.load_from_disk`` read.
 ``DIR`` must be new or empty unless ``resume=True``, which continues from ``DIR/checkpoint``
 (bit-for-bit on the CPU; a run that stopped before its first checkpoint starts again) and drops the
 log lines past the checkpoint; resuming a finished run trains nothing and saves the SAE again.
@@ -29,10 +30,7 @@ from ..rundir import trim_log, write_atomic
 from .checkpoint import save_final
 from .trainer import SAETrainConfig, SAETrainer, default_ignore_ids
 
-CHECKPOINT, LOG, SETTINGS = "checkpoint", "train_sae_log.jsonl", "train_sae_settings.json"
-SAE_FILES = ("cfg.json", "sae_weights.safetensors")
-RUN_FILES = frozenset({CHECKPOINT, *(CHECKPOINT + s for s in (".tmp", ".new", ".old")), LOG, SETTINGS, *SAE_FILES,
-                       "evals.json"})
+CHECKPOINT, LOG, SETTINGS, SAE_FOLDER = "checkpoint", "train_sae_log.jsonl", "train_sae_settings.json", "sae"
 
 
 def token_stream(model, text_or_tokens) -> torch.Tensor:
@@ -135,9 +133,6 @@ def train_sae(model, text_or_tokens: Union[str, torch.Tensor], hook_name: str, d
     elif out.is_dir() and any(out.iterdir()):
         raise ValueError(f"out={str(out)!r} is not empty; pass resume=True to continue the run there, or "
                          "name a new or empty folder")
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / SETTINGS, json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
     def write_log(record: dict) -> None:
         with open(out / LOG, "a", encoding="utf-8") as handle:
@@ -148,13 +143,16 @@ def train_sae(model, text_or_tokens: Union[str, torch.Tensor], hook_name: str, d
     checkpoint = out / CHECKPOINT
     if resume and recover_checkpoint(checkpoint):
         trainer = SAETrainer.resume(checkpoint, model, tokens, log=write_log, **kwargs)
-    else:
+    else:  # built before anything is written: a bad argument leaves no folder behind
         trainer = SAETrainer(model, tokens, config, dtype=dtype, metadata=metadata, checkpoint_dir=checkpoint,
                              log=write_log, **kwargs)
+    if not resume:
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / SETTINGS, json.dumps(settings, indent=2, sort_keys=True) + "\n")
     trim_log(out / LOG, trainer.step)
     trainer.run()
     sae = trainer.final_sae()
-    save_final(sae, out)
+    save_final(sae, out / SAE_FOLDER)
     return sae
 
 

@@ -7,7 +7,7 @@ decoder rows not yet folded to norm 1), ``config.json`` (its ``SAEConfig``) and 
 raises ``CheckpointError`` naming the file; nothing in it is ever executed.
 
 ``save_final`` writes the trained SAE in SAELens's folder format (``cfg.json`` and
-``sae_weights.safetensors``), which ``SAE.load_from_disk`` in SAELens and glassbox's loader read.
+``sae_weights.safetensors``), which SAELens's ``SAE.load_from_disk`` and glassbox's ``load_sae`` read.
 """
 
 import json
@@ -61,27 +61,8 @@ def load_sae_checkpoint(folder: Union[str, Path]) -> tuple:
 
 
 def save_final(sae, folder: Union[str, Path]) -> Path:
-    """Write ``sae`` to ``folder`` in SAELens's format (``cfg.json``, ``sae_weights.safetensors``)."""
-    try:
-        from ...interp.sae.format import save_sae
-    except ImportError:
-        return _write_saelens_folder(sae, Path(folder))
-    return save_sae(sae, folder)
+    """Write ``sae`` to ``folder`` (replaced whole if it exists) in SAELens's format: ``cfg.json`` and
+    ``sae_weights.safetensors`` (``glassbox.interp.sae.format.save_sae``)."""
+    from ...interp.sae.format import save_sae
 
-
-def _write_saelens_folder(sae, folder: Path) -> Path:
-    from safetensors.torch import save_file
-
-    cfg = sae.cfg
-    folder.mkdir(parents=True, exist_ok=True)
-    metadata = {**cfg.metadata, "hook_name": cfg.hook_name}
-    record = {"architecture": cfg.architecture, "d_in": cfg.d_in, "d_sae": cfg.d_sae,
-              "dtype": str(sae.dtype).replace("torch.", ""), "device": "cpu",
-              "apply_b_dec_to_input": cfg.apply_b_dec_to_input, "normalize_activations": cfg.normalize_activations,
-              "reshape_activations": cfg.reshape_activations, "metadata": metadata}
-    if cfg.architecture == "topk":
-        record.update(k=cfg.k, rescale_acts_by_decoder_norm=False)
-    save_file({k: v.detach().cpu().contiguous() for k, v in sae.state_dict().items()},
-              str(folder / "sae_weights.safetensors"))
-    (folder / "cfg.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    return folder
+    return save_sae(sae, folder, overwrite=True)

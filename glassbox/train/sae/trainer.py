@@ -224,9 +224,9 @@ class SAETrainer:
                         self.step == until or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)):
                     self.save(self.checkpoint_dir)
                 if bar is not None:
-                    bar.update(1)
                     bar.set_postfix(L0=f"{record['l0']:.1f}", EV=f"{record['explained_variance']:.3f}",
-                                    mse=f"{record['mse_loss']:.4g}", dead=record["dead_features"])
+                                    mse=f"{record['mse_loss']:.4g}", dead=record["dead_features"], refresh=False)
+                    bar.update(1)
         finally:
             if bar is not None:
                 bar.close()
