@@ -1,0 +1,252 @@
+"""Attribution patching (AtP) over nodes against glassbox's exact activation patching.
+
+The oracle is ``activation_patch`` (itself proven against a one-patch-per-forward loop) or, where no
+sweep exists (neurons, SAE features), that loop written here. AtP is a first-order estimate, so it
+must EQUAL exact patching where the metric is linear in the patched activation. Such a case: the
+final LayerNorm's divisor frozen by a hook (``ln_final.hook_scale`` -> a constant, so the readout is
+an affine map of the last residual stream), a logit-difference metric (linear in the logits), and
+activations whose way to the residual stream is linear: the last block's resid_post, mlp_out and
+MLP neurons; and in an attention-only model the last layer's z, v, per-head result and attn_out
+(the pattern does not depend on them). Everywhere else the estimate is only approximate, and the
+tests check that it then differs (so the equality is not a property of the test).
+"""
+
+import pytest
+import torch
+
+from glassbox.interp.attribution.atp import attribution_patch
+from glassbox.interp.attribution.atp_sweeps import (atp_block_every, atp_head_k, atp_head_v_by_pos, atp_head_z,
+                                                    atp_neurons_by_pos, atp_resid_pre)
+from glassbox.interp.patching import LogitDiff, Normalized, TargetLoss, VariantMetric, activation_patch
+from glassbox.interp.patching.sweeps import patch_head_k, patch_head_v_by_pos
+from glassbox.models import Config, HookedTransformer
+
+SIZES = dict(d_model=21, n_layers=3, n_heads=5, d_head=6, d_mlp=17, d_vocab=31, n_ctx=13, init_range=0.25)
+N_PROMPTS, SEQ = 3, 9
+LAST = SIZES["n_layers"] - 1
+
+
+def build(seed: int = 0, **overrides) -> HookedTransformer:
+    torch.manual_seed(seed)
+    return HookedTransformer(Config(**{**SIZES, **overrides})).eval()
+
+
+def frozen_final_norm(model):
+    """The final LayerNorm with its divisor replaced by a constant: an affine readout."""
+    return model.hooks(fwd_hooks=[("ln_final.hook_scale", lambda act, hook: torch.full_like(act, 1.7))])
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build()
+
+
+@pytest.fixture(scope="module")
+def attn_only():
+    return build(1, attn_only=True)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    g = torch.Generator().manual_seed(5)
+    clean = torch.randint(0, SIZES["d_vocab"], (N_PROMPTS, SEQ), generator=g)
+    corrupted = torch.randint(0, SIZES["d_vocab"], (N_PROMPTS, SEQ), generator=g)
+    metric = LogitDiff(torch.tensor([3, 11, 29]), torch.tensor([7, 2, 19]))
+    return clean, corrupted, metric
+
+
+def exact(model, clean, corrupted, metric, activation, axes, **options):
+    with torch.no_grad():
+        _, cache = model.run_with_cache(clean)
+    return activation_patch(model, corrupted, cache, metric, activation, axes, **options)
+
+
+def corrupted_metric(model, corrupted, metric) -> float:
+    with torch.no_grad():
+        return metric(model(corrupted)).mean().item()
+
+
+def loop_value(model, clean, corrupted, metric, name: str, index: tuple) -> float:
+    """The metric (mean over prompts) of one full corrupted forward with act[:, *index] clean."""
+    with torch.no_grad():
+        _, cache = model.run_with_cache(clean, names_filter=[name])
+        source = cache[name]
+
+        def patch(act, hook):
+            act = act.clone()
+            act[(slice(None),) + index] = source[(slice(None),) + index]
+            return act
+
+        return metric(model.run_with_hooks(corrupted, fwd_hooks=[(name, patch)])).mean().item()
+
+
+@pytest.mark.parametrize("activation, axes", [("resid_post", ("layer", "pos")), ("mlp_out", ("layer", "pos")),
+                                              ("resid_post", ("layer",))])
+def test_equals_exact_patching_where_linear(model, prompts, activation, axes):
+    clean, corrupted, metric = prompts
+    with frozen_final_norm(model):
+        estimate = attribution_patch(model, clean, corrupted, metric, activation, axes)
+        truth = exact(model, clean, corrupted, metric, activation, axes)
+    assert estimate.axes == truth.axes and estimate.labels == truth.labels and estimate.shape == truth.shape
+    moved = (truth.values[LAST] - corrupted_metric(model, corrupted, metric)).abs().max().item()
+    assert moved > 0.04, f"the last layer's patches barely move the metric ({moved}); the test would prove little"
+    gap = (estimate.values[LAST] - truth.values[LAST]).abs().max().item()
+    assert gap < 2e-6  # measured 1.8e-7 (values up to 0.65, patches moving them up to 0.58), bound 2e-6: 11x
+    # Earlier layers reach the metric through attention, MLPs and norms: there AtP is only first order.
+    early = (estimate.values[0] - truth.values[0]).abs().max().item()
+    assert early > 0.04  # measured 0.41 to 1.2: the equality above is the linearity, not the test
+
+
+@pytest.mark.parametrize("activation, axes", [("z", ("layer", "head")), ("z", ("layer", "pos", "head")),
+                                              ("v", ("layer", "pos", "head")), ("attn_out", ("layer", "pos"))])
+def test_equals_exact_patching_attention_only_last_layer(attn_only, prompts, activation, axes):
+    clean, corrupted, metric = prompts
+    with frozen_final_norm(attn_only):
+        estimate = attribution_patch(attn_only, clean, corrupted, metric, activation, axes)
+        truth = exact(attn_only, clean, corrupted, metric, activation, axes)
+    assert estimate.axes == truth.axes and estimate.labels == truth.labels
+    moved = (truth.values[LAST] - corrupted_metric(attn_only, corrupted, metric)).abs().max().item()
+    assert moved > 3e-3  # measured 6.5e-3 (attn_out) to 0.14 (z)
+    gap = (estimate.values[LAST] - truth.values[LAST]).abs().max().item()
+    assert gap < 2e-6  # measured 1.8e-7 (values up to 0.73), bound 2e-6: 11x
+    assert (estimate.values[0] - truth.values[0]).abs().max().item() > 5e-3  # measured 0.047 to 0.14
+
+
+def test_per_prompt_normalized_and_variant_metrics(model, prompts):
+    clean, corrupted, metric = prompts
+    with frozen_final_norm(model):
+        with torch.no_grad():
+            clean_logits, corrupted_logits = model(clean), model(corrupted)
+        normalized = Normalized.from_logits(metric, clean_logits, corrupted_logits)
+        variant = VariantMetric(lambda logits: (logits[:, -1, 4] - 2 * logits[:, -1, 9]).mean())
+        for m, options in ((metric, dict(reduce=None)), (normalized, {}), (variant, {})):
+            estimate = attribution_patch(model, clean, corrupted, m, "mlp_out", ("layer", "pos"), **options)
+            truth = exact(model, clean, corrupted, m, "mlp_out", ("layer", "pos"), **options)
+            assert estimate.axes == truth.axes and estimate.shape == truth.shape
+            gap = (estimate.values[LAST] - truth.values[LAST]).abs().max().item()
+            assert gap < 5e-5, m  # measured 4.5e-6 (normalised values up to 10), bound 5e-5: 11x
+
+
+def test_neurons_and_sae_features_by_full_name(model, prompts):
+    """Neurons (no sweep exists) and an SAE's features at a spliced hook, against the loop."""
+    from glassbox.interp.sae.base import StandardSAE
+    from glassbox.interp.sae.config import SAEConfig
+
+    clean, corrupted, metric = prompts
+    with frozen_final_norm(model):
+        neurons = atp_neurons_by_pos(model, clean, corrupted, metric)
+        assert neurons.axes == ("layer", "pos", "neuron") and neurons.shape == (3, SEQ, SIZES["d_mlp"])
+        for pos, neuron in ((0, 0), (4, 7), (SEQ - 1, 16), (SEQ - 1, 3)):
+            want = loop_value(model, clean, corrupted, metric, f"blocks.{LAST}.mlp.hook_post", (pos, neuron))
+            assert abs(neurons.values[LAST, pos, neuron].item() - want) < 1e-5  # measured 9.5e-7, bound 1e-5: 10x
+        torch.manual_seed(2)
+        name = f"blocks.{LAST}.hook_resid_post"
+        sae = StandardSAE(SAEConfig("standard", d_in=SIZES["d_model"], d_sae=23, hook_name=name))
+        sae.initialize()
+        with torch.no_grad():
+            sae.b_enc.fill_(0.3)  # most features active
+        model.add_sae(sae, use_error_term=True)
+        try:
+            feature = f"{name}.hook_sae_acts_post"
+            by_pos = attribution_patch(model, clean, corrupted, metric, feature, ("pos", "feature"))
+            summed = attribution_patch(model, clean, corrupted, metric, feature, ("feature",),
+                                       hook_axes=("pos", "feature"))
+            points = ((0, 0), (3, 5), (SEQ - 1, 22), (SEQ - 1, 10))
+            wants = [loop_value(model, clean, corrupted, metric, feature, p) for p in points]
+            whole = loop_value(model, clean, corrupted, metric, feature, (slice(None), 10))
+        finally:
+            model.reset_saes()
+    assert by_pos.axes == ("pos", "feature") and by_pos.shape == (SEQ, 23) and summed.shape == (23,)
+    moved = max(abs(w - by_pos.values.mean().item()) for w in wants)
+    assert moved > 0.05, "the sampled features barely move the metric"
+    for point, want in zip(points, wants):
+        assert abs(by_pos.values[point].item() - want) < 1e-5  # measured 1.4e-6, bound 1e-5: 7x
+    assert abs(summed.values[10].item() - whole) < 1e-5  # measured 9.5e-7, bound 1e-5: 10x
+
+
+def test_named_estimates_match_the_generic_call_and_the_sweeps_axes(model, prompts):
+    clean, corrupted, metric = prompts
+    z = atp_head_z(model, clean, corrupted, metric)
+    assert torch.equal(z.values, attribution_patch(model, clean, corrupted, metric, "z", ("layer", "head")).values)
+    assert atp_resid_pre(model, clean, corrupted, metric).axes == ("layer", "pos")
+    every = atp_block_every(model, clean, corrupted, metric)
+    assert every.axes == ("component", "layer", "pos") and every.labels["component"] == ["resid_pre", "attn_out",
+                                                                                          "mlp_out"]
+    for i, activation in enumerate(("resid_pre", "attn_out", "mlp_out")):
+        alone = attribution_patch(model, clean, corrupted, metric, activation, ("layer", "pos"))
+        gap = (every.values[i] - alone.values).abs().max().item()
+        assert gap < 1e-6  # one backward for all vs one each: measured 0 to 2.4e-7, bound 1e-6
+
+
+def test_grouped_query_keys_are_per_kv_head_as_the_sweeps(prompts):
+    gqa = build(3, n_heads=6, d_head=4, n_key_value_heads=2, normalization="RMS", positional="rotary")
+    clean, corrupted, metric = prompts
+    with torch.no_grad():
+        _, cache = gqa.run_with_cache(clean)
+    for estimate, truth in ((atp_head_k(gqa, clean, corrupted, metric), patch_head_k(gqa, corrupted, cache, metric)),
+                            (atp_head_v_by_pos(gqa, clean, corrupted, metric),
+                             patch_head_v_by_pos(gqa, corrupted, cache, metric))):
+        assert estimate.axes == truth.axes and estimate.labels == truth.labels and estimate.shape == truth.shape
+        assert "kv_head" in estimate.axes
+    with pytest.raises(ValueError, match="kv_head axis, not head"):
+        attribution_patch(gqa, clean, corrupted, metric, "k", ("layer", "head"))
+
+
+def test_per_head_result_equals_z_and_flags_are_restored(model, prompts):
+    """hook_result = z @ W_O per head, so their estimates agree; the flag is on only for the run."""
+    clean, corrupted, metric = prompts
+    assert not model.hook_flags.use_attn_result
+    result = attribution_patch(model, clean, corrupted, metric, "result", ("layer", "pos", "head"))
+    assert not model.hook_flags.use_attn_result and not model.has_hooks
+    z = attribution_patch(model, clean, corrupted, metric, "z", ("layer", "pos", "head"))
+    assert (result.values - z.values).abs().max().item() < 1e-5  # measured 4.8e-7 (values to 1.9), bound 1e-5: 20x
+    assert (result.values - result.values.mean()).abs().max().item() > 0.05
+
+
+def test_clean_cache_given_or_not_and_gradients_stay_off_the_weights(model, prompts):
+    clean, corrupted, metric = prompts
+    with torch.no_grad():
+        _, cache = model.run_with_cache(clean)
+        _, corrupted_cache = model.run_with_cache(corrupted)
+    loss = TargetLoss(torch.tensor([1, 2, 3]))
+    a = attribution_patch(model, clean, corrupted, loss, "resid_pre", ("layer", "pos"))
+    b = attribution_patch(model, clean, corrupted, loss, "resid_pre", ("layer", "pos"), clean_cache=cache,
+                          corrupted_cache=corrupted_cache)
+    assert (a.values - b.values).abs().max().item() < 1e-5  # measured 0 to 4.8e-7, bound 1e-5
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(ValueError, match="not a cache of corrupted_tokens"):
+        attribution_patch(model, clean, corrupted, loss, "resid_pre", ("layer", "pos"), corrupted_cache=cache)
+
+
+def test_errors_name_the_bad_argument_and_leave_no_hooks(model, prompts):
+    clean, corrupted, metric = prompts
+    cases = [
+        (dict(activation="resid_sideways", axes=("layer", "pos")), ValueError, "unknown activation 'resid_sideways'"),
+        (dict(activation="z", axes=("pos", "head")), ValueError, "start with 'layer'"),
+        (dict(activation="z", axes=("layer", "neuron")), ValueError, "axis 'neuron' is not an axis"),
+        (dict(activation="mlp_post", axes=("layer", "d_mlp")), ValueError, "called 'neuron'"),
+        (dict(activation="blocks.1.hook_resid_pre", axes=("layer", "pos")), ValueError, "have no 'layer'"),
+        (dict(activation="blocks.1.hook_nowhere", axes=("pos",)), KeyError, "hook_nowhere"),
+        (dict(activation="z", axes=("layer", "head", "head")), ValueError, "repeat"),
+        (dict(activation=[], axes=("layer",)), ValueError, "empty list"),
+        (dict(activation="z", axes=("layer",), method="exact"), ValueError, "method must be one of"),
+        (dict(activation="z", axes=("layer",), reduce="sum"), ValueError, "reduce must be"),
+    ]
+    for kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            attribution_patch(model, clean, corrupted, metric, **kwargs)
+    with pytest.raises(ValueError, match="clean tokens have shape"):
+        attribution_patch(model, clean[:, :5], corrupted, metric, "z", ("layer",))
+    with pytest.raises(ValueError, match="one value per prompt"):
+        attribution_patch(model, clean, corrupted, lambda logits: logits.sum(), "z", ("layer",))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(clean[:2])
+    with pytest.raises(ValueError, match="clean blocks.0.attn.hook_z has shape"):
+        attribution_patch(model, clean, corrupted, metric, "z", ("layer",), clean_cache=cache)
+
+    def failing(logits):
+        raise RuntimeError("metric failed")
+
+    with pytest.raises(RuntimeError, match="metric failed"):
+        attribution_patch(model, clean, corrupted, failing, "result", ("layer", "head"))
+    assert not model.has_hooks and not model.hook_flags.use_attn_result
