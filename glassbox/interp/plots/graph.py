@@ -199,7 +199,8 @@ def circuit_plot(graph, max_edges: int = 200, title: Optional[str] = None):
 
 
 def caption(graph, n_shown: int, n_edges: int, n_circuit: int, faithfulness: Optional[float] = None) -> str:
-    """One line: method (and steps), metric, model, edges shown of how many, faithfulness when given."""
+    """One line: method (and steps), metric, model, edges shown of how many, faithfulness when given,
+    and how to read an edge's colour and width."""
     meta = dict(graph.metadata or {})
     parts = []
     method = meta.get("method")
@@ -215,6 +216,7 @@ def caption(graph, n_shown: int, n_edges: int, n_circuit: int, faithfulness: Opt
     parts.append(shown)
     if faithfulness is not None:
         parts.append(f"faithfulness {float(faithfulness):.3f}")
+    parts.append("edges: blue score > 0, red < 0, width |score|")
     return "; ".join(parts)
 
 
