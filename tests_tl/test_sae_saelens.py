@@ -186,3 +186,24 @@ def test_batchtopk_saved_by_saelens_is_glassbox_jumprelu_and_equal_to_glassbox_b
         with torch.no_grad():
             assert torch.equal(lens_back.encode(x), mine.encode(x))
             assert torch.equal(lens_back.decode(mine.encode(x)), mine.decode(mine.encode(x)))
+
+
+@pytest.mark.parametrize("case", ["standard", "topk_rescaled", "jumprelu", "gated", "hook_z", "transcoder",
+                                  "jumprelu_skip_transcoder"])
+def test_fold_W_dec_norm_gives_saelens_weights(tmp_path, case):
+    gb = glassbox_sae(case, 7)
+    save_sae(gb, tmp_path / "sae")
+    lens = LensSAE.load_from_disk(str(tmp_path / "sae"))
+    gb.fold_W_dec_norm()
+    lens.fold_W_dec_norm()
+    for k, v in gb.state_dict().items():
+        assert torch.equal(lens.state_dict()[k], v), k
+    assert compare(gb, lens, case, 7) <= BOUND
+
+
+def test_fold_W_dec_norm_refused_for_plain_topk_as_saelens():
+    gb = glassbox_sae("topk", 0)
+    with pytest.raises(ValueError, match="top k"):
+        gb.fold_W_dec_norm()
+    with pytest.raises(NotImplementedError):
+        lens_sae("topk", 0).fold_W_dec_norm()
