@@ -257,3 +257,36 @@ def test_pre_6_config_is_read_as_saelens_reads_it(tmp_path):
     assert back.cfg.apply_b_dec_to_input is True and back.cfg.normalize_activations == "none"
     assert back.cfg.metadata["model_name"] == "tiny"
     assert torch.equal(back.W_enc, sae.W_enc)
+
+
+def test_other_refusals_are_named(tmp_path):
+    folder = write(tmp_path, cfg_edit=lambda c: c.update(architecture="batchtopk", k=4.0))
+    with pytest.raises(ValueError, match="cfg.json: architecture 'batchtopk' is SAELens's training SAE"):
+        load_sae(folder)
+    folder = write(tmp_path / "b", cfg_edit=lambda c: c.update(finetuning_scaling_factor=True))
+    with pytest.raises(ValueError, match="cfg.json: finetuning_scaling_factor=True"):
+        load_sae(folder)
+    folder = write(tmp_path / "c", tensors_edit=lambda t: t.update(scaling_factor=torch.full((D_SAE,), 2.0)))
+    with pytest.raises(ValueError, match="sae_weights.safetensors: key 'scaling_factor' is not all ones"):
+        load_sae(folder)
+    folder = write(tmp_path / "d", tensors_edit=lambda t: t.update(scaling_factor=torch.ones(D_SAE)))
+    assert set(load_sae(folder).state_dict()) == KEYS["standard"]  # an all-ones scale is dropped, as SAELens
+    folder = write(tmp_path / "e", "transcoder",
+                   cfg_edit=lambda c: c.update(normalize_activations="expected_average_only_in"))
+    with pytest.raises(ValueError, match="expected_average_only_in' on a transcoder is not supported"):
+        load_sae(folder)
+    folder = write(tmp_path / "f", "transcoder", cfg_edit=lambda c: c.update(apply_b_dec_to_input=True))
+    with pytest.raises(ValueError, match="cfg.json: a transcoder .* has apply_b_dec_to_input=False"):
+        load_sae(folder)
+    folder = write(tmp_path / "g", cfg_edit=lambda c: c.update(reshape_activations="hook_z"))
+    with pytest.raises(ValueError, match="cfg.json: reshape_activations='hook_z' flattens heads"):
+        load_sae(folder)
+    folder = write(tmp_path / "h")
+    save_file({"other": torch.zeros(3)}, str(folder / "sparsity.safetensors"))
+    with pytest.raises(KeyError, match="sparsity.safetensors: missing key 'sparsity'"):
+        load_sparsity(folder)
+    (folder / "cfg.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="cfg.json: the config is a JSON list"):
+        load_sae(folder)
+    with pytest.raises(TypeError, match="save_sae"):  # the shape checker under pytest, else our own message
+        save_sae(torch.nn.Linear(2, 2), tmp_path / "x")
