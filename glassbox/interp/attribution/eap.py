@@ -40,11 +40,11 @@ Contracts and footguns:
   model run in every pass, as part of the model.
 - Model parameters' ``.grad`` are not touched (gradients are taken with torch.autograd.grad).
 - Refused: models whose residual stream is not the sum of the senders (``eap_setup.check_edge_model``).
-- Cost: EAP-IG-inputs m forwards+backwards of the batch (in passes of ``steps_per_pass`` copies, all m
-  at once by default); EAP-IG-activations n_senders times that.
+- Cost: EAP-IG-inputs m forwards+backwards of the batch, EAP-IG-activations n_senders * m, run as
+  stacked copies of the batch, as many per pass as ``memory_budget`` (or ``steps_per_pass``) allows.
 """
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -57,6 +57,7 @@ from .graph import Graph
 METHODS = ("EAP", "EAP-IG-inputs", "EAP-IG-activations")
 POINTS = ("endpoint", "midpoint")
 DEFAULT_IG_STEPS = 5
+DEFAULT_MEMORY_BUDGET = 2**30
 EMBED_HOOK = "blocks.0.hook_resid_pre"
 
 
@@ -70,7 +71,8 @@ def interpolation_points(steps: int, points: str = "endpoint") -> list:
 
 def eap(model, clean_tokens: Tensor, corrupted_tokens: Tensor, metric, *, method: str = "EAP",
         steps: Optional[int] = None, attention_mask: Optional[Tensor] = None, progress: bool = False,
-        points: str = "endpoint", steps_per_pass: Optional[int] = None) -> Graph:
+        points: str = "endpoint", steps_per_pass: Optional[int] = None,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Graph:
     """Score every edge of ``model``'s graph (see the module docstring for the formulas).
 
     Args:
@@ -81,7 +83,9 @@ def eap(model, clean_tokens: Tensor, corrupted_tokens: Tensor, metric, *, method
         attention_mask: [batch pos], 1 for real tokens, shared by both runs.
         progress: a tqdm bar over the passes.
         points: "endpoint" or "midpoint" (the step points t_k).
-        steps_per_pass: at most this many copies of the batch per forward (default: all m).
+        steps_per_pass: at most this many copies of the batch (interpolation points) per forward; by
+            default as many as ``memory_budget`` allows (at least one).
+        memory_budget: bytes a gradient pass may use, estimated from the model's shape (``pass_copies``).
 
     Returns:
         A ``Graph`` with float32 scores (NaN where no edge exists) and metadata: method, steps, points,
@@ -101,34 +105,32 @@ def eap(model, clean_tokens: Tensor, corrupted_tokens: Tensor, metric, *, method
     exists = edge_mask_for(sender_names, receiver_names, device=device)
     upstream = exists.sum(0).tolist()  # senders are in forward order, so a receiver's senders are a prefix
     ts = interpolation_points(steps, points)
-    chunk = steps if steps_per_pass is None else steps_per_pass
+    chunk = steps_per_pass or pass_copies(cfg, tuple(clean.shape), memory_budget, model.embed.W_E.element_size())
     run = _Run(model, metric, mask, clean.shape[0], steps, receiver_columns(cfg), upstream)
     with edge_flags(model):
         corrupted_values, corrupted_metric = run.sender_values(corrupted)
         if method == "EAP":
-            clean_values, grads, clean_metric = run.gradients(clean, [0.0], save_senders=True)
+            clean_values, grads, clean_metric = run.gradients(clean, 1, save_senders=True)
             acc = run.accumulate_all(corrupted_values - clean_values, grads)
         else:
             clean_values, clean_metric = run.sender_values(clean)
             delta = corrupted_values - clean_values
-            chunks = [ts[i:i + chunk] for i in range(0, len(ts), chunk)]
+            acc = run.zeros(len(sender_names), len(receiver_names))
             if method == "EAP-IG-inputs":
-                acc = None
-                for part in _bar(chunks, progress, method):
-                    hook = _interpolate(clean_values[0], delta[0], part, None)
-                    _, grads, _ = run.gradients(clean, part, embed_hook=hook)
-                    acc = run.accumulate_all(delta, grads, acc)
+                jobs = [(0, t) for t in ts]
             else:
-                acc = run.zeros(len(sender_names), len(receiver_names))
-                jobs = [(i, part) for i in range(len(sender_names)) for part in chunks]
-                for i, part in _bar(jobs, progress, method):
-                    hook_name, index = sender_hook(sender_names[i], cfg)
-                    hook = _interpolate(clean_values[i], delta[i], part, index)
-                    if hook_name == EMBED_HOOK:
-                        _, grads, _ = run.gradients(clean, part, embed_hook=hook)
-                    else:
-                        _, grads, _ = run.gradients(clean, part, extra_hooks=[(hook_name, hook)])
-                    run.accumulate_row(acc, i, delta[i], grads)
+                jobs = [(i, t) for i in range(len(sender_names)) for t in ts]
+            hooks_at = [sender_hook(name, cfg) for name in sender_names]
+            for start in _bar(list(range(0, len(jobs), chunk)), progress, method):
+                part = jobs[start:start + chunk]
+                hooks = dict(_interpolation_hooks(part, hooks_at, clean_values, delta, clean.shape[0]))
+                embed_hook = hooks.pop(EMBED_HOOK, None)
+                _, grads, _ = run.gradients(clean, len(part), embed_hook=embed_hook, extra_hooks=list(hooks.items()),
+                                            sum_copies=method == "EAP-IG-inputs")
+                if method == "EAP-IG-inputs":
+                    run.accumulate_all(delta, grads, acc)
+                else:
+                    run.accumulate_blocks(acc, [i for i, _ in part], delta, grads)
     scores = torch.where(exists, acc, torch.full_like(acc, float("nan"))).float()
     metadata = {"method": method, "steps": steps if method != "EAP" else None,
                 "points": points if method != "EAP" else None,
@@ -173,12 +175,13 @@ class _Run:
         metric = float(self._metric(logits, tokens.shape[0]).mean())
         return stack_senders(store, self.model.cfg), metric
 
-    def gradients(self, tokens: Tensor, ts: Sequence, embed_hook=None, extra_hooks=(), save_senders=False):
-        """One pass over len(ts) stacked copies of the batch. Returns (the senders' values if asked, the
-        gradient at every receiver hook summed over the copies [batch pos (head) d_model], the metric's
-        mean). The loss is the metric's sum over rows / (n_prompts * steps): summed over every pass of
-        one attribution, the gradients are the mean over the m steps of the gradient of the prompt mean."""
-        copies = len(ts)
+    def gradients(self, tokens: Tensor, copies: int, embed_hook=None, extra_hooks=(), save_senders=False,
+                  sum_copies=True):
+        """One pass over ``copies`` stacked copies of the batch. Returns (the senders' values if asked, the
+        gradient at every receiver hook [batch pos (head) d_model], summed over the copies unless
+        ``sum_copies`` is False ([copy batch ...] then), the metric's mean on the first copy). The loss is
+        the metric's sum over rows / (n_prompts * steps): summed over the passes of one attribution, the
+        gradients are the mean over the m steps of the gradient of the mean over prompts."""
         rows = copies * self.n
         stacked = tokens.repeat(copies, 1)
         mask = None if self.mask is None else self.mask.repeat(copies, 1)
@@ -206,7 +209,8 @@ class _Run:
         for name, grad in zip(names, grads):
             if grad is None:
                 grad = torch.zeros_like(captured[name])
-            out[name] = grad.reshape(copies, self.n, *grad.shape[1:]).sum(0)
+            grad = grad.reshape(copies, self.n, *grad.shape[1:])
+            out[name] = grad.sum(0) if sum_copies else grad
         senders_values = stack_senders(saved, self.model.cfg) if save_senders else None
         return senders_values, out, float(values.detach().reshape(copies, self.n)[0].mean())
 
@@ -237,25 +241,58 @@ class _Run:
             acc[:n_up, cols] += flat[:n_up] @ self._flat_grad(grads[name])
         return acc
 
-    def accumulate_row(self, acc: Tensor, row: int, delta: Tensor, grads: dict) -> None:
-        """acc[row, r] += Delta_row . g_r for the receivers downstream of sender ``row``."""
-        flat = self._flat_delta(delta[None])[0]
+    def accumulate_blocks(self, acc: Tensor, rows: list, delta: Tensor, grads: dict) -> None:
+        """acc[rows[c], r] += Delta_{rows[c]} . g_r(copy c) for every copy c of the pass and receiver r
+        (the products at receivers upstream of a copy's sender are discarded later, as non-edges)."""
+        flat = self._flat_delta(delta)
+        index = torch.tensor(rows, device=acc.device)
+        mine = flat[index]  # [copy (batch pos d_model)]
         for name, cols in self.columns:
-            if self.upstream[cols[0]] > row:
-                acc[row, cols] += flat @ self._flat_grad(grads[name])
+            per_copy = torch.stack([self._flat_grad(g) for g in grads[name]])  # [copy (batch pos d_model) head]
+            block = self.zeros(acc.shape[0], len(cols))
+            block.index_add_(0, index, torch.einsum("cx,cxk->ck", mine, per_copy))
+            acc[:, cols] += block
 
 
-def _interpolate(clean: Tensor, delta: Tensor, ts: Sequence, index: Optional[int]):
-    """A forward hook putting clean + t * delta (one copy of the batch per t) at a sender's hook; at
-    head ``index`` of a [batch pos head d_model] activation when given."""
-    def hook(x, hook):
-        values = torch.cat([clean + t * delta for t in ts]).to(x.dtype)
-        if index is None:
-            return values.requires_grad_(True) if hook.name == EMBED_HOOK else values
-        x = x.clone()
-        x[:, :, index] = values
-        return x
-    return hook
+def pass_copies(cfg, shape: tuple, memory_budget: int, itemsize: int) -> int:
+    """How many copies of a [batch pos] batch one gradient pass may stack within ``memory_budget`` bytes
+    (at least 1), from a rough count of what a pass with per-head inputs keeps for the backward: per
+    token and layer, the q/k/v inputs and their normalised copies, the heads' results, the MLP's hidden
+    activations and the attention pattern, doubled for the gradients."""
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1:
+        raise ValueError(f"memory_budget must be a positive int (bytes), got {memory_budget!r}")
+    n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    d_mlp = 0 if getattr(cfg, "attn_only", False) else (cfg.d_mlp or 4 * cfg.d_model)
+    batch, pos = shape
+    per_token = cfg.n_layers * (2 * (cfg.n_heads + 2 * n_kv) * cfg.d_model + cfg.n_heads * cfg.d_model
+                                + 4 * d_mlp + cfg.n_heads * pos)
+    per_copy = 2 * per_token * batch * pos * itemsize
+    return max(1, memory_budget // max(per_copy, 1))
+
+
+def _interpolation_hooks(jobs: list, hooks_at: list, clean: Tensor, delta: Tensor, n: int) -> list:
+    """Forward hooks for one pass: copy c (rows c*n .. (c+1)*n - 1) gets sender jobs[c][0]'s output
+    replaced by clean + t * delta, t = jobs[c][1]. One hook per hook name involved."""
+    by_hook = {}
+    for copy, (sender, t) in enumerate(jobs):
+        name, index = hooks_at[sender]
+        by_hook.setdefault(name, []).append((copy, index, sender, t))
+
+    def make(name, edits):
+        def hook(x, hook):
+            x = x.detach().clone() if name == EMBED_HOOK else x.clone()
+            for copy, index, sender, t in edits:
+                value = (clean[sender] + t * delta[sender]).to(x.dtype)
+                rows = slice(copy * n, (copy + 1) * n)
+                if index is None:
+                    x[rows] = value
+                else:
+                    x[rows, :, index] = value
+            # the embeddings become a leaf that needs grad, so receivers get gradients with frozen weights
+            return x.requires_grad_(True) if name == EMBED_HOOK else x
+        return hook
+
+    return [(name, make(name, edits)) for name, edits in by_hook.items()]
 
 
 def _bar(items: list, progress: bool, desc: str):
