@@ -168,9 +168,15 @@ def find_circuit(model, name, clean, corrupted, answer: int, distractor: int, me
         raise UsageError(f"the logit difference is {clean_metric:.6g} on both --clean and --corrupted; faithfulness "
                          "(m(circuit) - m(corrupted)) / (m(clean) - m(corrupted)) is then undefined, so choose a "
                          "corruption that changes the prediction")
-    sweep = faithfulness_curve(model, graph, clean, corrupted, metric, sizes=sweep_sizes(graph.n_edges, top_k),
-                               progress=progress)
-    mib = faithfulness_curve(model, graph, clean, corrupted, metric, sizes=MIB_FRACTIONS, progress=progress)
+    try:
+        sweep = faithfulness_curve(model, graph, clean, corrupted, metric, sizes=sweep_sizes(graph.n_edges, top_k),
+                                   progress=progress)
+        mib = faithfulness_curve(model, graph, clean, corrupted, metric, sizes=MIB_FRACTIONS, progress=progress)
+    except ValueError as error:
+        if "faithfulness is undefined" not in str(error):
+            raise
+        raise UsageError(f"{str(error).splitlines()[0]}; choose a corruption that moves the logit difference more, "
+                         "or a wider --dtype") from error
     if top_k is not None:
         chosen = top_k
         reached = dict(zip(sweep.sizes, sweep.faithfulness.tolist()))[top_k] >= TARGET
