@@ -93,7 +93,8 @@ def test_batchtopk_is_saved_as_jumprelu(tmp_path):
     sae.topk_threshold.fill_(0.25)
     save_sae(sae, tmp_path / "b")
     back = load_sae(tmp_path / "b")
-    assert isinstance(back, JumpReLUSAE) and json.loads((tmp_path / "b" / "cfg.json").read_text())["architecture"] == "jumprelu"
+    assert isinstance(back, JumpReLUSAE)
+    assert json.loads((tmp_path / "b" / "cfg.json").read_text())["architecture"] == "jumprelu"
     assert torch.equal(back.threshold, torch.full((D_SAE,), 0.25))
     assert torch.equal(back.W_enc, sae.W_enc)
 
@@ -215,7 +216,8 @@ def test_model_check_names_hook_and_widths(tmp_path):
     with pytest.raises(ValueError, match="d_in=40 values per position at blocks.0.hook_resid_mid, where the "
                                          "model has d_model = 24"):
         sae.check_fits(model)
-    sae = make_sae(SAEConfig("transcoder", 24, 7, "blocks.0.ln2.hook_normalized", hook_name_out="blocks.0.mlp.hook_post",
+    sae = make_sae(SAEConfig("transcoder", 24, 7, "blocks.0.ln2.hook_normalized",
+                             hook_name_out="blocks.0.mlp.hook_post",
                              apply_b_dec_to_input=False, d_out=24))
     with pytest.raises(ValueError, match="writes d_out=24 values per position at blocks.0.mlp.hook_post, where the "
                                          "model has d_mlp = 40"):

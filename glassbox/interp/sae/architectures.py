@@ -7,7 +7,8 @@ same weights (``format.py`` reads and writes its folders):
   kept values ReLU'd (a kept negative pre-activation gives 0), the rest 0; ties are broken by
   ``torch.topk`` (which of two equal pre-activations at the k-th place is kept is torch's choice, as in
   SAELens). With ``rescale_acts_by_decoder_norm`` the selection and the activations are of
-  ``pre * ||W_dec[f]||`` and ``decode`` multiplies the activations by ``1 / ||W_dec[f]||`` first.
+  ``pre * ||W_dec[f]||`` (``hook_sae_acts_pre`` fires before that product, as SAELens's) and ``decode``
+  multiplies the activations by ``1 / ||W_dec[f]||`` first.
 - ``"batchtopk"`` (``BatchTopKSAE``): the training-time activation, the ``k * positions`` largest
   ``relu(pre)`` over the whole batch (so a position's features depend on the other positions). Its
   inference form is a JumpReLU SAE with threshold ``topk_threshold`` for every feature

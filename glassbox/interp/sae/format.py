@@ -49,8 +49,8 @@ SAELENS_FORMAT_VERSION = "6.54.12"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 # metadata keys SAELens moves out of a pre-6 config's top level
-LEGACY_METADATA_KEYS = ("model_name", "hook_name", "model_class_name", "hook_head_index", "model_from_pretrained_kwargs",
-                        "prepend_bos", "exclude_special_tokens", "neuronpedia_id", "context_size", "seqpos_slice",
+LEGACY_METADATA_KEYS = ("model_name", "hook_name", "model_class_name", "hook_head_index",
+                        "model_from_pretrained_kwargs", "prepend_bos", "exclude_special_tokens", "neuronpedia_id", "context_size", "seqpos_slice",
                         "dataset_path", "sae_lens_version", "sae_lens_training_version", "hook_name_out",
                         "hook_head_index_out", "hf_hook_name", "hf_hook_name_out")
 
@@ -76,7 +76,8 @@ def _version_tuple(version) -> tuple:
 
 def _legacy_config(raw: dict) -> dict:
     """A pre-6 SAELens config in the 6 layout, as SAELens's ``handle_pre_6_0_config`` reads it."""
-    renames = {"hook_point": "hook_name", "hook_point_head_index": "hook_head_index", "activation_fn_str": "activation_fn"}
+    renames = {"hook_point": "hook_name", "hook_point_head_index": "hook_head_index",
+               "activation_fn_str": "activation_fn"}
     cfg = {renames.get(k, k): v for k, v in raw.items()}
     cfg.setdefault("apply_b_dec_to_input", True)
     cfg.setdefault("architecture", "standard")
@@ -131,11 +132,13 @@ def config_from_dict(raw: dict, where: str) -> SAEConfig:
                          "form is 'jumprelu'")
     extra = {}
     if arch == "topk":
-        extra = dict(k=raw.get("k", 100), rescale_acts_by_decoder_norm=bool(raw.get("rescale_acts_by_decoder_norm", False)))
+        extra = dict(k=raw.get("k", 100),  # SAELens's TopKSAEConfig default
+                     rescale_acts_by_decoder_norm=bool(raw.get("rescale_acts_by_decoder_norm", False)))
     if arch in TRANSCODERS:
         extra["d_out"] = raw.get("d_out", 768)  # SAELens's TranscoderConfig default
     if raw.get("finetuning_scaling_factor"):
-        raise ValueError(f"{where}: finetuning_scaling_factor=True (a pre-6 SAELens fine-tuning scale) is not supported")
+        raise ValueError(f"{where}: finetuning_scaling_factor=True (a pre-6 SAELens fine-tuning scale) is not "
+                         "supported")
     hook_out = meta.get("hook_name_out")
     try:
         return SAEConfig(architecture=arch, d_in=raw["d_in"], d_sae=raw["d_sae"], hook_name=meta["hook_name"],
