@@ -9,11 +9,14 @@ A value the user gives that cannot work is an error naming it.
 """
 
 import functools
+from pathlib import Path
 from typing import NamedTuple, Optional
 
 from ..weights.pretrained import DEFAULT_MODEL
 from .common import load_model, make_folder, output_folder, prompt_tokens, text_arg, tokenizer_of
 from .errors import UsageError, device_arg
+
+HELDOUT_FRAC = 0.05  # the share of data/austen.txt held out from the shipped model's and SAE's training
 
 
 def add_parser(sub) -> None:
@@ -36,6 +39,8 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default="glassbox-report",
                    help="output folder, created if needed (default glassbox-report)")
     p.add_argument("--device", default=None, type=device_arg, help="e.g. cuda; default: cpu")
+    p.add_argument("--no-features", action="store_true",
+                   help="leave out the feature section (on by default where glassbox ships an SAE of the model)")
     p.set_defaults(func=run)
 
 
@@ -160,6 +165,25 @@ def story_prompt(model, answer: Optional[str], words, notes: list) -> tuple:
                      "(or its tokenizer has no single-token words); give --prompt and --answer")
 
 
+def feature_inputs(model) -> tuple:
+    """(the SAE glassbox ships for this model or None, the held-out text for its dashboard or None).
+
+    The text is the held-out last 5% of data/austen.txt (the text the shipped model and SAE were not
+    trained on), found beside the package in a source checkout; an installed wheel has no data/, and
+    the report then has the feature section without its dashboard."""
+    from ..interp.report_features import shipped_sae, shipped_sae_folder
+    from ..train.data import split_text
+
+    if shipped_sae_folder(model) is None:
+        return None, None
+    sae = shipped_sae(model)
+    text_path = Path(__file__).resolve().parents[2] / "data" / "austen.txt"
+    if not text_path.is_file():
+        print(f"features: no {text_path} (a source checkout has it), so no dashboard")
+        return sae, None
+    return sae, split_text(text_path.read_text(encoding="utf-8"), HELDOUT_FRAC)[1]
+
+
 def run(args) -> int:
     import torch
 
@@ -176,8 +200,10 @@ def run(args) -> int:
     story = choose_story(model, args.prompt, args.answer, args.distractor)
     for note in story.notes:
         print(f"chose {note}")
+    sae, feature_text = (None, None) if args.no_features else feature_inputs(model)
     make_folder(out, args.out)
-    summary = build_report(model, story.prompt, story.answer, story.distractor, out)
+    summary = build_report(model, story.prompt, story.answer, story.distractor, out, sae=sae,
+                           feature_text=feature_text)
     print(f"model {summary['model']['name']}: {summary['model']['n_layers']} layers, "
           f"{summary['model']['parameters']:,} parameters")
     print(f"parity with transformers: worst relative difference {summary['parity_worst_relative']:.1e}")
@@ -187,5 +213,11 @@ def run(args) -> int:
     patch = summary["patching"]
     print(f"logit difference {story.answer!r} - {story.distractor!r}: clean {patch['clean_logit_diff']:.2f}, "
           f"corrupted {patch['corrupted_logit_diff']:.2f}")
+    features = summary["features"]
+    if features is not None:
+        print(f"features ({features['sae']['architecture']} SAE at {features['sae']['hook_name']}): L0 "
+              f"{features['l0']:.1f}, explained variance {features['explained_variance']:.3f} on the prompt; "
+              f"logit difference with its reconstruction {features['spliced_logit_diff']:.2f}"
+              + (f"; dashboard {features['dashboard']}" if features["dashboard"] else ""))
     print(f"report: {summary['report']} (and summary.json beside it) in {summary['seconds']:.1f} s")
     return 0

@@ -1,8 +1,9 @@
 """The demo report: parity, attention, head detection, logit lens and a patching sweep for one prompt.
 
 ``build_report(model, prompt, answer, distractor, out_dir)`` writes ``out_dir/index.html`` (one
-offline page of plotly figures) and ``out_dir/summary.json`` (every number shown), and returns the
-summary. The patching story is induction: the prompt repeats a phrase, the clean run saw ``answer``
+offline page: a section per study, each a caption with its key numbers above its plotly figure) and
+``out_dir/summary.json`` (every number shown, and the captions), and returns the summary. With an
+SAE of the model (``sae=``) it adds a feature section (``report_features``). The patching story is induction: the prompt repeats a phrase, the clean run saw ``answer``
 after its first occurrence, the corrupted run sees ``distractor`` there instead, and the metric is
 the normalised logit difference (answer - distractor) at the last position.
 
@@ -12,10 +13,12 @@ cannot express the defaults (a small BPE vocabulary written by ``glassbox train`
 prompts built around one, longest first, for a model whose context is short.
 """
 
+import html
 import json
 import re
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -23,7 +26,8 @@ from ..models import HookedTransformer
 from ..weights.parity import parity_report
 from .heads import detect_head, induction_score
 from .patching import LogitDiff, Normalized, patch_resid_pre
-from .plots import attention_selector, logit_lens_plot, patching_heatmap, save_html
+from .plots import attention_selector, logit_lens_plot, patching_heatmap
+from .plots.html import PAGE, plotly_js
 
 INDUCTION_SEQ_LEN = 20
 DEFAULT_ANSWER, DEFAULT_DISTRACTOR = " letter", " garden"
@@ -104,13 +108,63 @@ def table_figure(header: list, rows: list, title: str):
     return fig
 
 
+# The tolerance on the worst relative difference, as ``glassbox parity`` judges it (a test keeps them equal).
+PARITY_TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
+
+SECTION = """<section class="report-section" id="{id}">
+<p class="caption" id="caption-{id}">{caption}</p>
+{figure}
+</section>"""
+
+
+def heads_text(rows: list, n: int = 3) -> str:
+    return ", ".join(f"L{r['layer']}H{r['head']} {r['score']:.2f}" for r in rows[:n])
+
+
+def parity_caption(parity: list, n_tokens: int, dtype: torch.dtype) -> tuple:
+    """(caption, verdict) of the parity rows: the worst relative difference and whether it is within
+    PARITY_TOLERANCE for the model's dtype (None when there is no tolerance for that dtype)."""
+    worst = max(parity, key=lambda r: r.rel_diff)
+    tolerance = PARITY_TOLERANCE.get(dtype)
+    verdict = None if tolerance is None else worst.rel_diff <= tolerance
+    judged = (f"no tolerance for {dtype}, not judged" if tolerance is None else
+              f"tolerance {tolerance:.0e}: parity {'holds' if verdict else 'FAILS'}")
+    text = (f"glassbox against its transformers twin (the same weights, eager attention) on the prompt's "
+            f"{n_tokens} tokens, {str(dtype).replace('torch.', '')}: worst relative difference "
+            f"{worst.rel_diff:.1e} at {worst.stage} (max |diff| {worst.max_abs_diff:.1e}, max |value| "
+            f"{worst.max_abs_ref:.3g}); {judged}.")
+    return text, verdict
+
+
+def lens_lead(lens_series: torch.Tensor, labels: list) -> Optional[str]:
+    """The first label from which the answer's log probability stays above the distractor's."""
+    ahead = (lens_series[0] > lens_series[1]).tolist()
+    for i in range(len(ahead)):
+        if all(ahead[i:]):
+            return labels[i]
+    return None
+
+
+def page_html(sections: list, title: str) -> str:
+    """The report page: one section per (id, caption, figure), plotly.js inlined once."""
+    body = "\n".join(SECTION.format(id=sid, caption=html.escape(caption),
+                                     figure=fig.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False,
+                                                        div_id=f"figure-{sid}"))
+                      for sid, caption, fig in sections)
+    return PAGE.format(title=html.escape(title), plotly=plotly_js(), body=body)
+
+
 @torch.no_grad()
 def build_report(model: HookedTransformer, prompt: str, answer: str, distractor: str, out_dir,
-                 progress: bool = False) -> dict:
+                 progress: bool = False, sae=None, feature_text: Optional[str] = None) -> dict:
+    """Write the report (see the module docstring); with ``sae`` (an SAE of this model) a feature
+    section too, and with ``feature_text`` beside it the feature dashboard (features.html) on that text.
+    Every section has a caption holding its key numbers; ``summary["captions"]`` has them by section id."""
     start = time.perf_counter()
     out_dir = Path(out_dir)
     tokens = model.to_tokens(prompt)
     str_tokens = model.to_str_tokens(tokens[0])
+    n_tokens = len(str_tokens)
     corrupted, answer_id, distractor_id, replaced = corrupt_first(model, tokens, answer, distractor)
 
     parity = parity_report(model, tokens)
@@ -129,20 +183,80 @@ def build_report(model: HookedTransformer, prompt: str, answer: str, distractor:
     corrupted_logits = model(corrupted)
     metric = Normalized.from_logits(diff, logits, corrupted_logits)
     sweep = patch_resid_pre(model, corrupted, cache, metric, progress=progress)
+    values = sweep.values.detach().cpu()
+    clean, dirty = float(metric.clean), float(metric.corrupted)
 
-    figures = [
-        table_figure(["stage", "max |Δ|", "max |ref|"],
-                     [[r.stage, f"{r.max_abs_diff:.2e}", f"{r.max_abs_ref:.2e}"] for r in parity],
-                     "parity with transformers (same weights, eager attention)"),
-        attention_selector(patterns, str_tokens, title="attention patterns of the prompt"),
-        scores_figure(previous, "previous-token score of each head (on the prompt)"),
-        scores_figure(induction, f"induction score of each head (BOS + random tokens, {seq_len} x 2)"),
-        logit_lens_plot(lens_series, labels, [f"log p({answer!r})", f"log p({distractor!r})"],
-                        title="logit lens at the last position", y_title="log probability"),
-        patching_heatmap(sweep, title=f"patching resid_pre from clean into corrupted ({metric.name}; "
-                                      f"{answer!r} vs {distractor!r} at token {replaced})"),
+    # the captions' numbers
+    dtype = next(model.parameters()).dtype
+    previous_rows, induction_rows = head_table(previous), head_table(induction)
+    to_answer = patterns[:, :, -1, replaced]  # [layer head]: attention from the last token to the answer
+    best = int(to_answer.flatten().argmax())
+    attn_layer, attn_head = divmod(best, model.cfg.n_heads)
+    peak = int(values.flatten().argmax())
+    peak_layer, peak_pos = divmod(peak, values.shape[1])
+    parity_text, verdict = parity_caption(parity, n_tokens, dtype)
+    lead = lens_lead(lens_series, labels)
+    per_layer = lambda col: ", ".join(f"{v:.3f}" for v in values[:, col].tolist())
+    captions = {
+        "model": (f"{model.cfg.model_name}: {model.cfg.n_layers} layers, d_model {model.cfg.d_model}, "
+                  f"{model.cfg.n_heads} heads, vocabulary {model.cfg.d_vocab:,}, "
+                  f"{sum(p.numel() for p in model.parameters()):,} parameters. Prompt ({n_tokens} tokens with "
+                  f"BOS): {prompt!r}. The corrupted prompt has {distractor!r} in place of {answer!r} at token "
+                  f"{replaced}; the metric is the logit difference {answer!r} - {distractor!r} at the last token: "
+                  f"clean {clean:.3f}, corrupted {dirty:.3f}."),
+        "parity": parity_text,
+        "attention": (f"Attention patterns of the prompt's {n_tokens} tokens, every layer and head. From the last "
+                      f"token, the head attending most to {answer!r} (token {replaced}, after the phrase's first "
+                      f"occurrence) is L{attn_layer}H{attn_head}, with {float(to_answer.max()):.3f} of its "
+                      f"attention."),
+        "previous-token": (f"Previous-token score of each head on the prompt (its mean attention to the token "
+                           f"just before): highest {heads_text(previous_rows)}."),
+        "induction": (f"Induction score of each head on BOS + {seq_len} random tokens repeated twice (batch 8, seed "
+                      f"0): highest {heads_text(induction_rows)}."),
+        "logit-lens": (f"Logit lens at the last token: log probability of {answer!r} and {distractor!r} reading the "
+                       f"residual stream through the final norm after each layer. At the output: "
+                       f"log p({answer!r}) {float(lens_series[0, -1]):.3f}, log p({distractor!r}) "
+                       f"{float(lens_series[1, -1]):.3f}; {answer!r} "
+                       + (f"leads from {lead} on." if lead is not None else "does not stay ahead.")),
+        "patching": (f"Patching each layer's resid_pre at each position from the clean run into the corrupted one; "
+                     f"{metric.name} = (patched - corrupted) / (clean - corrupted) of the logit difference (clean "
+                     f"{clean:.3f}, corrupted {dirty:.3f}). Largest {float(values.max()):.3f} at layer {peak_layer}, "
+                     f"token {peak_pos} ({str_tokens[peak_pos]!r}). By layer at the corrupted token {replaced}: "
+                     f"{per_layer(replaced)}; at the last token: {per_layer(values.shape[1] - 1)}."),
+    }
+    sections = [
+        ("model", captions["model"],
+         table_figure(["", "value"], [["model", model.cfg.model_name], ["prompt", prompt], ["answer", repr(answer)],
+                                 ["distractor", repr(distractor)],
+                                 ["logit difference clean / corrupted", f"{clean:.3f} / {dirty:.3f}"]],
+                      "the story")),
+        ("parity", captions["parity"],
+         table_figure(["stage", "max |Δ|", "max |ref|"],
+                      [[r.stage, f"{r.max_abs_diff:.2e}", f"{r.max_abs_ref:.2e}"] for r in parity],
+                      "parity with transformers (same weights, eager attention)")),
+        ("attention", captions["attention"], attention_selector(patterns, str_tokens, title="attention patterns of the prompt")),
+        ("previous-token", captions["previous-token"],
+         scores_figure(previous, "previous-token score of each head (on the prompt)")),
+        ("induction", captions["induction"],
+         scores_figure(induction, f"induction score of each head (BOS + random tokens, {seq_len} x 2)")),
+        ("logit-lens", captions["logit-lens"],
+         logit_lens_plot(lens_series, labels, [f"log p({answer!r})", f"log p({distractor!r})"],
+                         title="logit lens at the last position", y_title="log probability")),
+        ("patching", captions["patching"],
+         patching_heatmap(sweep, title=f"patching resid_pre from clean into corrupted ({metric.name}; "
+                                       f"{answer!r} vs {distractor!r} at token {replaced})")),
     ]
-    page = save_html(figures, out_dir / "index.html", title=f"glassbox report: {model.cfg.model_name}")
+    features = None
+    if sae is not None:
+        from .report_features import feature_section
+
+        features, caption, figure = feature_section(model, sae, tokens, answer_id, distractor_id, answer, distractor,
+                                                    out_dir, feature_text)
+        captions["features"] = caption
+        sections.append(("features", caption, figure))
+    page = out_dir / "index.html"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(page_html(sections, f"glassbox report: {model.cfg.model_name}"), encoding="utf-8")
     summary = {
         "model": {"name": model.cfg.model_name, "n_layers": model.cfg.n_layers, "d_model": model.cfg.d_model,
                   "n_heads": model.cfg.n_heads, "d_vocab": model.cfg.d_vocab,
@@ -150,13 +264,16 @@ def build_report(model: HookedTransformer, prompt: str, answer: str, distractor:
         "prompt": prompt, "tokens": str_tokens,
         "parity": [{"stage": r.stage, "max_abs_diff": r.max_abs_diff, "max_abs_ref": r.max_abs_ref} for r in parity],
         "parity_worst_relative": max(r.rel_diff for r in parity),
-        "previous_token_heads": head_table(previous),
-        "induction_heads": head_table(induction), "induction_seq_len": seq_len,
+        "parity_tolerance": PARITY_TOLERANCE.get(dtype), "parity_holds": verdict,
+        "previous_token_heads": previous_rows,
+        "induction_heads": induction_rows, "induction_seq_len": seq_len,
         "logit_lens": {"labels": labels, "answer": answer, "distractor": distractor,
                        "answer_log_prob": lens_series[0].tolist(), "distractor_log_prob": lens_series[1].tolist()},
         "patching": {"activation": "resid_pre", "axes": list(sweep.axes), "corrupted_position": replaced,
-                     "clean_logit_diff": float(metric.clean), "corrupted_logit_diff": float(metric.corrupted),
-                     "values": sweep.values.cpu().tolist()},
+                     "clean_logit_diff": clean, "corrupted_logit_diff": dirty,
+                     "values": values.tolist()},
+        "features": features,
+        "captions": captions,
         "report": str(page), "seconds": round(time.perf_counter() - start, 2),
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))

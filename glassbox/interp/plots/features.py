@@ -79,8 +79,14 @@ def sae_inputs(model, sae, tokens: Int[Tensor, "batch pos"], batch_size: int = 1
     if hook not in model.hook_dict:
         raise ValueError(f"the SAE reads at {hook!r}, which is not a hook point of this model")
     layer = LAYER_OF.match(hook)
-    stop = int(layer.group(1)) + 1 if layer and int(layer.group(1)) + 1 < model.cfg.n_layers else None
+    resid_pre = re.match(r"^blocks\.(\d+)\.hook_resid_pre$", hook)
     kept: List[Tensor] = []
+    if resid_pre:  # the residual stream entering block L is what blocks[:L] return: run no further
+        stop = int(resid_pre.group(1))
+        for start in range(0, tokens.shape[0], batch_size):
+            kept.append(model(tokens[start:start + batch_size], stop_at_layer=stop).detach())
+        return torch.cat(kept)
+    stop = int(layer.group(1)) + 1 if layer and int(layer.group(1)) + 1 < model.cfg.n_layers else None
 
     def grab(value, hook):
         kept.append(value.detach().clone())
