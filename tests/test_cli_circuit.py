@@ -84,6 +84,8 @@ def test_eap_ig_end_to_end_on_the_shipped_model(model, tmp_path, capsys):
     graph = Graph.load_json(out_dir / "graph.json")
     meta = graph.metadata
     assert meta["method"] == "EAP-IG-inputs" and meta["steps"] == 2
+    assert (meta["clean"], meta["corrupted"], meta["answer"], meta["distractor"]) == (CLEAN, CORRUPTED, " letter",
+                                                                                      " garden")
 
     # The scores are eap's for this method and step count (bit for bit: the same computation).
     clean, corrupted = model.to_tokens(CLEAN), model.to_tokens(CORRUPTED)

@@ -129,9 +129,10 @@ def run(args) -> int:
     n_edges = int(edges.edge_mask_for(edges.senders(model.cfg), edges.receivers(model.cfg)).sum())
     if args.top_k is not None and args.top_k > n_edges:
         raise UsageError(f"--top-k {args.top_k} is more than this model's {n_edges} edges; give at most {n_edges}")
-    steps = (args.steps or DEFAULT_STEPS) if args.method == "EAP-IG" else 1
+    steps = (args.steps or DEFAULT_STEPS) if args.method != "EAP" else 1
     found = find_circuit(model, args.model, clean, corrupted, answer, distractor, args.method, steps, args.top_k,
                          progress=not args.no_progress)
+    found.graph.metadata.update(clean=args.clean, corrupted=args.corrupted)
     make_folder(out, args.out)
     write_outputs(found, out, args)
     print(summary(found, args))
