@@ -73,12 +73,26 @@ def evaluate_circuit(model, clean_tokens: Tokens, corrupted_tokens: Tokens, metr
         raise ValueError(f"reduce must be 'mean' or None, got {reduce!r}")
     if isinstance(metric, VariantMetric) and reduce is None:
         raise ValueError("a VariantMetric gives one value per circuit; leave reduce='mean'")
+    check_arguments(metric, memory_budget)
+    check_model(model)
+    masks, single = as_masks(model, edge_masks)
+    clean, corrupted, key_mask = prepare_tokens(model, clean_tokens, corrupted_tokens, metric, attention_mask)
+    with circuit_flags(model):
+        run = CircuitRun(model, clean, corrupted, key_mask)
+        out = run.evaluate(masks, metric, memory_budget, progress)
+    values = out.mean(1) if reduce == "mean" else out
+    return values[0] if single else values
+
+
+def check_arguments(metric, memory_budget) -> None:
     if not callable(metric):
         raise TypeError(f"metric must be callable: fn(logits) -> one value per row, got {type(metric).__name__}")
     if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0:
         raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
-    check_model(model)
-    masks, single = as_masks(model, edge_masks)
+
+
+def prepare_tokens(model, clean_tokens, corrupted_tokens, metric, attention_mask) -> tuple:
+    """(clean, corrupted, key mask or None), checked to share one shape and one padding layout."""
     clean, key_mask = model.input_to_tokens(clean_tokens, attention_mask, None, "right")
     corrupted, corrupted_mask = model.input_to_tokens(corrupted_tokens, attention_mask, None, "right")
     if clean.shape != corrupted.shape:
@@ -93,11 +107,7 @@ def evaluate_circuit(model, clean_tokens: Tokens, corrupted_tokens: Tokens, metr
     if isinstance(metric, PositionMetric):
         metric.check_vocab(model.cfg.d_vocab)
         metric.positions(clean.shape[0], clean.shape[1], clean.device)  # refuses a position out of range
-    with circuit_flags(model):
-        run = CircuitRun(model, clean, corrupted, key_mask)
-        out = run.evaluate(masks, metric, memory_budget, progress)
-    values = out.mean(1) if reduce == "mean" else out
-    return values[0] if single else values
+    return clean, corrupted, key_mask
 
 
 def check_model(model) -> None:
