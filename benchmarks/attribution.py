@@ -1,10 +1,10 @@
 """Attribution benchmarks: gradient estimates against the exact batched sweeps they stand in for.
 
-    python benchmarks/attribution.py [--pos 16] [--rounds 3] [--threads 1] [--shape small|tiny] [--out FILE]
+    python benchmarks/attribution.py [--pos 16[,32...]] [--rounds 3] [--threads 1] [--shape small|tiny] [--out FILE]
 
 One seeded random GPT-2 (the GPT-2-small shape by default: 12 layers, 12 heads, d_model 768), built
 as ``benchmarks/run.py`` builds it (``transformers`` weights given to glassbox by ``from_hf``), one
-clean and one corrupted prompt of ``--pos`` random tokens, batch 1, the logit difference of two fixed
+clean and one corrupted prompt of ``--pos`` random tokens (each length given), batch 1, the logit difference of two fixed
 tokens at the last position. Two cases, each timed interleaved (``timing.py``), ratios paired per round:
 
 1. AtP over every head x position (``attribution_patch(..., "z", ("layer", "pos", "head"))``) against
@@ -111,7 +111,7 @@ def eap_case(model, clean, corrupted, metric, rounds: int) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="AtP and EAP against the exact batched sweeps")
     parser.add_argument("--shape", default="small", choices=tuple(SHAPES), help="GPT-2 shape (default small)")
-    parser.add_argument("--pos", type=int, default=16, help="prompt length in tokens (default 16)")
+    parser.add_argument("--pos", default="16", help="prompt lengths in tokens, comma-separated (default 16)")
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds per case (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--seed", type=int, default=0)
@@ -121,37 +121,41 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     want = set(args.only.split(",")) if args.only else {"atp", "eap"}
+    lengths = [int(p) for p in args.pos.split(",")]
     from glassbox.interp.patching import LogitDiff
     from run import machine
 
     started = time.time()
     model = build_glassbox(build_hf(args.shape, args.seed))
     vocab = model.cfg.d_vocab
-    clean, corrupted = tokens(1, args.pos, vocab, args.seed + 1), tokens(1, args.pos, vocab, args.seed + 2)
     metric = LogitDiff(*answer_ids(vocab))
     info = machine(args.threads)
     print(f"{info['cpu']}, {info['cores']} cores, torch {info['torch']} with {args.threads} thread(s); shape "
-          f"{args.shape} ({model.cfg.n_layers} layers, {model.cfg.n_heads} heads, d_model {model.cfg.d_model}), "
-          f"1x{args.pos} tokens", flush=True)
+          f"{args.shape} ({model.cfg.n_layers} layers, {model.cfg.n_heads} heads, d_model {model.cfg.d_model})",
+          flush=True)
     results = []
-    if "atp" in want:
-        r = atp_case(model, clean, corrupted, metric, args.rounds)
-        results.append(r)
-        p = r["peers"]
-        print(f"{r['case']}: {r['nodes']} nodes; exact sweep {p['exact sweep']['median_s']:.3f} s, AtP "
-              f"{p['AtP']['median_s']:.4f} s, AtP + clean forward {p['AtP + clean forward']['median_s']:.4f} s; "
-              f"sweep / AtP {r['sweep_over_atp']:.1f}x (target >= 100x), sweep / (AtP + clean forward) "
-              f"{r['sweep_over_atp_with_clean_forward']:.1f}x; Spearman "
-              f"{r['spearman']:.3f}, top-10 overlap {r['top10_overlap']}/10", flush=True)
-    if "eap" in want:
-        r = eap_case(model, clean, corrupted, metric, args.rounds)
-        results.append(r)
-        p = r["peers"]
-        print(f"{r['case']}: {r['edges']} edges; EAP {p['EAP']['median_s']:.3f} s, resid_pre sweep "
-              f"{p['resid_pre sweep']['median_s']:.3f} s; EAP / sweep {r['eap_over_sweep']:.2f}x (target <= 3x)",
-              flush=True)
-    out = {"machine": info, "command": " ".join([sys.executable] + sys.argv), "shape": args.shape, "pos": args.pos,
-           "seed": args.seed, "seconds": time.time() - started, "cases": results}
+    for pos in lengths:
+        clean, corrupted = tokens(1, pos, vocab, args.seed + 1), tokens(1, pos, vocab, args.seed + 2)
+        if "atp" in want:
+            r = atp_case(model, clean, corrupted, metric, args.rounds)
+            r["shape"] = f"1x{pos}"
+            results.append(r)
+            p = r["peers"]
+            print(f"1x{pos} {r['case']}: {r['nodes']} nodes; exact sweep {p['exact sweep']['median_s']:.3f} s, AtP "
+                  f"{p['AtP']['median_s']:.4f} s, AtP + clean forward {p['AtP + clean forward']['median_s']:.4f} s; "
+                  f"sweep / AtP {r['sweep_over_atp']:.1f}x (target >= 100x), sweep / (AtP + clean forward) "
+                  f"{r['sweep_over_atp_with_clean_forward']:.1f}x; Spearman {r['spearman']:.3f}, top-10 overlap "
+                  f"{r['top10_overlap']}/10", flush=True)
+        if "eap" in want:
+            r = eap_case(model, clean, corrupted, metric, args.rounds)
+            r["shape"] = f"1x{pos}"
+            results.append(r)
+            p = r["peers"]
+            print(f"1x{pos} {r['case']}: {r['edges']} edges; EAP {p['EAP']['median_s']:.3f} s, resid_pre sweep "
+                  f"{p['resid_pre sweep']['median_s']:.3f} s; EAP / sweep {r['eap_over_sweep']:.2f}x (target <= 3x)",
+                  flush=True)
+    out = {"machine": info, "command": " ".join([sys.executable] + sys.argv), "shape": args.shape,
+           "pos": lengths, "seed": args.seed, "seconds": time.time() - started, "cases": results}
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
     print(f"wrote {args.out} ({out['seconds']:.0f} s)")
