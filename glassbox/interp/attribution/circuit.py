@@ -268,13 +268,12 @@ class CircuitRun:
 
         full = not isinstance(metric, PositionMetric)
         per_pass = max(1, memory_budget // (self.row_bytes(full) * self.n_prompts))
-        weights = (~masks & self.exists).to(self.store)  # 1 where the edge is corrupted
         results = []
         bar = tqdm(total=masks.shape[0], desc="evaluating circuits", disable=not progress, leave=False)
         try:
             with torch.no_grad():
                 for lo in range(0, masks.shape[0], per_pass):
-                    w = weights[lo: lo + per_pass]
+                    w = (~masks[lo: lo + per_pass] & self.exists).to(self.store)  # 1 where the edge is corrupted
                     results.append(self.run_pass(w, metric))
                     bar.update(w.shape[0])
         finally:
