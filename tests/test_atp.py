@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from glassbox.interp.attribution.atp import attribution_patch
-from glassbox.interp.attribution.atp_sweeps import (atp_block_every, atp_head_k, atp_head_v_by_pos, atp_head_z,
-                                                    atp_neurons_by_pos, atp_resid_pre)
+from glassbox.interp.attribution.atp_sweeps import (atp_block_every, atp_head_k, atp_head_v, atp_head_v_by_pos,
+                                                    atp_head_z, atp_neurons_by_pos, atp_resid_pre)
 from glassbox.interp.patching import LogitDiff, Normalized, TargetLoss, VariantMetric, activation_patch
-from glassbox.interp.patching.sweeps import patch_head_k, patch_head_v_by_pos
+from glassbox.interp.patching.sweeps import patch_head_k, patch_head_v, patch_head_v_by_pos
 from glassbox.models import Config, HookedTransformer
 
 SIZES = dict(d_model=21, n_layers=3, n_heads=5, d_head=6, d_mlp=17, d_vocab=31, n_ctx=13, init_range=0.25)
@@ -185,18 +185,44 @@ def test_named_estimates_match_the_generic_call_and_the_sweeps_axes(model, promp
         assert gap < 1e-6  # one backward for all vs one each: measured 0 (values up to 2.7), bound 1e-6
 
 
-def test_grouped_query_keys_are_per_kv_head_as_the_sweeps(prompts):
-    gqa = build(3, n_heads=6, d_head=4, n_key_value_heads=2, normalization="RMS", positional="rotary")
+def test_grouped_query_values_are_per_kv_head_and_exact_where_linear(prompts):
+    """Under grouped-query attention k and v nodes are kv heads (each read by 3 query heads), with the
+    sweeps' axes and labels; in an attention-only model the last layer's values are linear in the
+    readout, so there AtP equals the sweep."""
+    gqa = build(3, n_heads=6, d_head=4, n_key_value_heads=2, normalization="RMS", positional="rotary",
+                attn_only=True, n_layers=2)
     clean, corrupted, metric = prompts
-    with torch.no_grad():
-        _, cache = gqa.run_with_cache(clean)
-    for estimate, truth in ((atp_head_k(gqa, clean, corrupted, metric), patch_head_k(gqa, corrupted, cache, metric)),
-                            (atp_head_v_by_pos(gqa, clean, corrupted, metric),
-                             patch_head_v_by_pos(gqa, corrupted, cache, metric))):
-        assert estimate.axes == truth.axes and estimate.labels == truth.labels and estimate.shape == truth.shape
-        assert "kv_head" in estimate.axes
+    with frozen_final_norm(gqa):
+        with torch.no_grad():
+            _, cache = gqa.run_with_cache(clean)
+        base = corrupted_metric(gqa, corrupted, metric)
+        for estimate, truth in ((atp_head_v_by_pos(gqa, clean, corrupted, metric),
+                                 patch_head_v_by_pos(gqa, corrupted, cache, metric)),
+                                (atp_head_v(gqa, clean, corrupted, metric), patch_head_v(gqa, corrupted, cache, metric)),
+                                (atp_head_k(gqa, clean, corrupted, metric), patch_head_k(gqa, corrupted, cache, metric))):
+            assert estimate.axes == truth.axes and estimate.labels == truth.labels and estimate.shape == truth.shape
+            assert "kv_head" in estimate.axes and estimate.labels["kv_head"] == ["0 (q 0-2)", "1 (q 3-5)"]
+            if estimate.name == "v":
+                assert (truth.values[1] - base).abs().max() > 0.01  # measured 0.030 (all positions), 0.15
+                gap = (estimate.values[1] - truth.values[1]).abs().max().item()
+                assert gap < 2e-6  # measured 0 to 1.8e-7 (values up to 1.04), bound 2e-6: 11x
     with pytest.raises(ValueError, match="kv_head axis, not head"):
         attribution_patch(gqa, clean, corrupted, metric, "k", ("layer", "head"))
+
+
+def test_padded_prompts_with_a_per_prompt_read_position(model, prompts):
+    clean, corrupted, _ = prompts
+    mask = torch.ones(N_PROMPTS, SEQ, dtype=torch.long)
+    mask[0, 6:], mask[1, 8:] = 0, 0
+    metric = LogitDiff(torch.tensor([3, 11, 29]), torch.tensor([7, 2, 19]), pos=torch.tensor([5, 7, 8]))
+    with frozen_final_norm(model):
+        with torch.no_grad():
+            _, cache = model.run_with_cache(clean, attention_mask=mask)
+        estimate = attribution_patch(model, clean, corrupted, metric, "resid_post", ("layer", "pos"),
+                                     attention_mask=mask)
+        truth = activation_patch(model, corrupted, cache, metric, "resid_post", ("layer", "pos"), attention_mask=mask)
+    assert (estimate.values[LAST] - truth.values[LAST]).abs().max().item() < 2e-6  # measured 1.8e-7, bound 2e-6: 11x
+    assert (estimate.values[0] - truth.values[0]).abs().max().item() > 0.05  # measured 0.64
 
 
 def test_per_head_result_equals_z_and_flags_are_restored(model, prompts):
