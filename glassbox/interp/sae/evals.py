@@ -32,7 +32,6 @@ from typing import Iterable, Union
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Int
 from torch import Tensor
 
 from .base import SAE
@@ -71,7 +70,7 @@ class _Totals:
         self.l0, self.l1, self.mse, self.ce, self.kl = [], [], [], {"clean": [], "sae": [], "ablation": []}, \
             {"sae": [], "ablation": []}
         self.sum_x, self.sum_sq, self.sum_resid, self.n = None, 0.0, 0.0, 0
-        self.fired = torch.zeros(d_sae, device=device)
+        self.fired = torch.zeros(d_sae, dtype=torch.long, device=device)
 
     def add_variance(self, x: Tensor, x_hat: Tensor) -> None:
         x = x.to(torch.promote_types(x.dtype, torch.float32))
@@ -96,12 +95,12 @@ def _mean(values: list) -> float:
 
 
 @torch.no_grad()
-def evaluate_sae(model, sae: SAE, tokens: Int[Tensor, "batch pos"], batch_size: int = 8,
+def evaluate_sae(model, sae: SAE, tokens: Tensor, batch_size: int = 8,
                  exclude_special_tokens: Union[bool, Iterable[int]] = True, compute_ce_loss: bool = True,
                  feature_density: bool = False) -> dict:
     """SAELens's evals of ``sae`` on ``model`` over the windows ``tokens`` (module docstring).
 
-    ``tokens`` are run as given (no BOS is added: give windows that start with one, as the SAE was
+    ``tokens`` [batch pos] (int) are run as given (no BOS is added: give windows that start with one, as the SAE was
     trained on). Returns floats: l0, l1, mse, explained_variance, dead_fraction, n_dead, n_tokens
     (kept tokens) and, with ``compute_ce_loss``, ce_loss_score, ce_loss_with_sae,
     ce_loss_without_sae, ce_loss_with_ablation, kl_div_score, kl_div_with_sae, kl_div_with_ablation,
@@ -151,7 +150,7 @@ def evaluate_sae(model, sae: SAE, tokens: Int[Tensor, "batch pos"], batch_size: 
                       kl_div_score=(kl["ablation"] - kl["sae"]) / kl["ablation"], kl_div_with_sae=kl["sae"],
                       kl_div_with_ablation=kl["ablation"], n_ce_tokens=sum(len(v) for v in totals.ce["clean"]))
     if feature_density:
-        result["feature_density"] = (totals.fired / n_tokens).tolist()
+        result["feature_density"] = (totals.fired.double() / n_tokens).tolist()
     return result
 
 
