@@ -64,7 +64,7 @@ def attribution_patch_star(model, clean_tokens, corrupted_tokens, metric: Callab
     fixed = [spec for spec in run.specs if qk_fix and (spec.is_attention("q") or spec.is_attention("k"))]
     for spec in fixed:
         check_qk(model, spec)
-    qk_layers = sorted({layer for _ in fixed for layer in range(n_layers)})
+    qk_layers = list(range(n_layers)) if fixed else []
     patterns = [f"blocks.{layer}.attn.hook_pattern" for layer in qk_layers]
     qk_values: dict = {}
     keep_qk = lambda act, hook: qk_values.__setitem__(hook.name, act.detach())

@@ -23,8 +23,8 @@ from typing import Optional, Sequence
 from torch import Tensor
 
 from ...hooks import unknown_name_message
-from ...models.hook_flags import FLAG_HOOK_SUFFIXES
-from ...models.hook_shapes import axis_sizes, hook_shape
+from ...models.hook_flags import gating_flag
+from ...models.hook_shapes import FLAG_GATED_HOOKS, axis_sizes, hook_pattern, hook_shape
 from ..patching.engine import ACTIVATIONS, position_labels
 
 ATP_ACTIVATIONS = {
@@ -62,13 +62,6 @@ class NodeSpec:
         return self.layered and self.template == f"blocks.{{L}}.attn.hook_{point}"
 
 
-def gating_flag(name: str) -> Optional[str]:
-    for flag, suffixes in FLAG_HOOK_SUFFIXES.items():
-        if name.endswith(suffixes):
-            return flag
-    return None
-
-
 def resolve_nodes(model, activation: str, axes: Sequence[str], hook_axes: Optional[Sequence[str]] = None) -> NodeSpec:
     """The NodeSpec of ``activation`` with result ``axes``; clear errors for unknown names and axes
     that do not fit. Flag-gated hooks are accepted whatever the flag (the caller turns it on)."""
@@ -82,8 +75,9 @@ def resolve_nodes(model, activation: str, axes: Sequence[str], hook_axes: Option
     n_layers = model.cfg.n_layers
     names = [template.format(L=layer) for layer in range(n_layers)] if layered else [template]
     flag = gating_flag(names[0])
-    known = set(model.hook_dict) | set(getattr(model, "_all_hook_points", {}) if flag else ())
-    if names[0] not in known:
+    # a flag-gated hook exists once the run turns its flag on (the model refuses a flag it cannot take)
+    gated = flag is not None and hook_pattern(names[0]) in FLAG_GATED_HOOKS and int(names[0].split(".")[1]) < n_layers
+    if names[0] not in model.hook_dict and not gated:
         if not layered and activation not in model.hook_dict and "." not in activation:
             raise ValueError(f"unknown activation {activation!r}: give one of {', '.join(ATP_ACTIVATIONS)}, a "
                              "hook name template containing {L}, or a full hook name")
