@@ -9,6 +9,7 @@ scores are the mean of single-prompt scores, with padding too. Float64 models: t
 is the float32 of the scores.
 """
 
+import json
 import re
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 from conftest import perturbed
 from glassbox.interp.attribution.eap import eap, interpolation_points
 from glassbox.interp.attribution.edges import edge_mask_for, receivers, senders
+from glassbox.interp.attribution.graph import Graph
 from glassbox.interp.patching import LogitDiff
 from glassbox.models import Config, HookedTransformer
 
@@ -283,3 +285,119 @@ def test_ig_converges_and_is_complete():
     # the input row of both IG methods is the same integral
     # measured 0; bound 1e-6, a few float32 ulps of scores up to 2.4
     assert (act[32].scores[0] - graphs[32].scores[0]).abs().nan_to_num().max() < 1e-6
+
+
+def test_grouped_kv_receivers_are_the_sum_of_their_ungrouped_copies():
+    """Ungrouped (ungroup_grouped_query_attention) each query head reads its own copy of the key/value
+    input; grouped, the kv head's one input feeds the whole group: its gradient, and so every edge score
+    into it, is the sum over the group's copies. Query, MLP and logits receivers are unchanged."""
+    grouped = model_for(GQA, seed=6)
+    ungrouped = model_for(GQA.replace(ungroup_grouped_query_attention=True), seed=0)
+    ungrouped.load_state_dict(grouped.state_dict())
+    clean, corrupted = tokens(5)
+    g, u = eap(grouped, clean, corrupted, METRIC), eap(ungrouped, clean, corrupted, METRIC)
+    assert g.senders == u.senders
+    assert [r for r in g.receivers if ".kv" in r] == [f"a{L}.kv{G}.{p}" for L in range(2) for p in "kv"
+                                                      for G in range(2)]
+    assert len(u.receivers) == len(g.receivers) + 2 * 2 * 2
+    col = u.receivers.index
+    for j, name in enumerate(g.receivers):
+        if ".kv" in name:
+            layer, group, part = re.fullmatch(r"a(\d)\.kv(\d)\.([kv])", name).groups()
+            heads = [h for h in range(4) if h // 2 == int(group)]
+            expected = sum(u.scores[:, col(f"a{layer}.h{h}.{part}")].double() for h in heads)
+        else:
+            expected = u.scores[:, col(name)].double()
+        got = g.scores[:, j].double()
+        assert torch.equal(torch.isnan(got), torch.isnan(expected)), name
+        # measured 2.2e-8 on kv receivers (up to 0.79), 0 elsewhere (float32 rounding of the terms), bound 2.5e-7
+        assert (got - expected).abs().nan_to_num().max() < 2.5e-7, name
+    assert g.scores[:, [j for j, r in enumerate(g.receivers) if ".kv" in r]].abs().nan_to_num().max() > 0.5
+
+
+@pytest.mark.parametrize("method,fail_at", [("EAP", 2), ("EAP-IG-inputs", 3), ("EAP-IG-activations", 4)])
+def test_flags_and_hooks_are_restored_when_something_fails(method, fail_at):
+    model = perturbed(GPT2, seed=3)
+    model.set_use_attn_in(True)  # eap must turn it off (it excludes the split inputs) and back on
+    before = model.hook_flags.as_dict()
+    calls = []
+
+    def failing(logits):
+        calls.append(1)
+        if len(calls) == fail_at:  # inside a gradient pass, with every flag and hook in place
+            raise RuntimeError("metric failed")
+        return METRIC(logits)
+
+    steps = None if method == "EAP" else 2
+    with pytest.raises(RuntimeError, match="metric failed"):
+        eap(model, *tokens(), failing, method=method, steps=steps, steps_per_pass=1)
+    assert model.hook_flags.as_dict() == before and not model.has_hooks
+    with pytest.raises(ValueError, match=r"one value per batch row, shape \(2,\); got \(\)"):
+        eap(model, *tokens(), lambda logits: METRIC(logits).mean(), method=method, steps=steps)
+    assert model.hook_flags.as_dict() == before and not model.has_hooks
+    graph = eap(model, *tokens(), METRIC, method=method, steps=steps)
+    assert model.hook_flags.as_dict() == before and not model.has_hooks
+    assert torch.equal(torch.isnan(graph.scores), ~graph.edge_mask())
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"norm_placement": "post"}, "Config.norm_placement='post'"),
+    ({"norm_placement": "sandwich"}, "Config.norm_placement='sandwich'"),
+    ({"norm_placement": "output"}, "Config.norm_placement='output'"),
+    ({"parallel_attn_mlp": True}, "Config.parallel_attn_mlp=True"),
+])
+def test_refuses_models_the_edge_graph_cannot_describe(changes, match):
+    model = HookedTransformer(GPT2.replace(**changes))
+    with pytest.raises(ValueError, match=re.escape(match)):
+        eap(model, *tokens(), METRIC)
+    assert not any(model.hook_flags.as_dict().values()) and not model.has_hooks
+
+
+def test_refuses_bad_arguments_by_name():
+    model = perturbed(GPT2, seed=3)
+    clean, corrupted = tokens()
+    for kwargs, match in [({"method": "ACDC"}, "method must be one of"), ({"steps": 3}, "EAP takes one gradient"),
+                          ({"method": "EAP-IG-inputs", "steps": 0}, "steps must be a positive int"),
+                          ({"method": "EAP-IG-inputs", "points": "left"}, "points must be one of"),
+                          ({"method": "EAP-IG-inputs", "steps_per_pass": 0}, "steps_per_pass must be"),
+                          ({"method": "EAP-IG-inputs", "memory_budget": 0}, "memory_budget must be"),
+                          ({"attention_mask": torch.ones(2, 6)}, "attention_mask must be a \\[batch pos\\]")]:
+        with pytest.raises(ValueError, match=match):
+            eap(model, clean, corrupted, METRIC, **kwargs)
+    with pytest.raises(ValueError, match="must have the same shape"):
+        eap(model, clean, corrupted[:, :5], METRIC)
+    with pytest.raises(ValueError, match="corrupted_tokens must be a \\[batch pos\\] tensor of token ids"):
+        eap(model, clean, corrupted.double(), METRIC)
+    assert not any(model.hook_flags.as_dict().values()) and not model.has_hooks
+
+
+@pytest.mark.parametrize("method", ["EAP", "EAP-IG-inputs"])
+def test_batch_scores_are_the_mean_of_single_prompt_scores_with_padding(method):
+    """The gradient is of the prompt mean, so a batch's scores are the mean of each prompt's alone; the
+    second prompt is 5 tokens, left-padded (without the mask the scores move by 1.3)."""
+    model = model_for(GPT2, seed=3)
+    clean, corrupted = tokens(4)
+    mask = torch.ones(N, SEQ, dtype=torch.long)
+    mask[1, :2] = 0
+    steps = None if method == "EAP" else 3
+    batch = eap(model, clean, corrupted, METRIC, method=method, steps=steps, attention_mask=mask)
+    first = eap(model, clean[:1], corrupted[:1], LogitDiff(3, 29), method=method, steps=steps)
+    second = eap(model, clean[1:, 2:], corrupted[1:, 2:], LogitDiff(17, 8), method=method, steps=steps)
+    expected = (first.scores.double() + second.scores.double()) / 2
+    assert torch.equal(torch.isnan(batch.scores), torch.isnan(expected))
+    assert expected.abs().nan_to_num().max() > 0.5
+    # measured 7.5e-8 EAP, 6.0e-8 IG (scores up to 1.4; float32 rounding of three graphs), bound 7.5e-7: 10x
+    assert (batch.scores.double() - expected).abs().nan_to_num().max() < 7.5e-7
+    text = json.dumps(batch.to_json(), allow_nan=False)  # the metadata is plain JSON
+    assert Graph.from_json(json.loads(text)).metadata == batch.metadata
+
+
+def test_frozen_parameters_and_progress_bar():
+    model = model_for(GPT2, seed=3)
+    clean, corrupted = tokens()
+    base = eap(model, clean, corrupted, METRIC, method="EAP-IG-inputs", steps=2)
+    model.requires_grad_(False)
+    frozen = eap(model, clean, corrupted, METRIC, method="EAP-IG-inputs", steps=2, progress=True, steps_per_pass=1)
+    # measured 0: the same forwards, only which leaves need grad differs; bound 5e-7 (float32 ulps of 1.4)
+    assert (frozen.scores - base.scores).abs().nan_to_num().max() < 5e-7
+    assert torch.equal(torch.isnan(frozen.scores), torch.isnan(base.scores))
