@@ -198,8 +198,10 @@ def test_grouped_query_values_are_per_kv_head_and_exact_where_linear(prompts):
         base = corrupted_metric(gqa, corrupted, metric)
         for estimate, truth in ((atp_head_v_by_pos(gqa, clean, corrupted, metric),
                                  patch_head_v_by_pos(gqa, corrupted, cache, metric)),
-                                (atp_head_v(gqa, clean, corrupted, metric), patch_head_v(gqa, corrupted, cache, metric)),
-                                (atp_head_k(gqa, clean, corrupted, metric), patch_head_k(gqa, corrupted, cache, metric))):
+                                (atp_head_v(gqa, clean, corrupted, metric),
+                                 patch_head_v(gqa, corrupted, cache, metric)),
+                                (atp_head_k(gqa, clean, corrupted, metric),
+                                 patch_head_k(gqa, corrupted, cache, metric))):
             assert estimate.axes == truth.axes and estimate.labels == truth.labels and estimate.shape == truth.shape
             assert "kv_head" in estimate.axes and estimate.labels["kv_head"] == ["0 (q 0-2)", "1 (q 3-5)"]
             if estimate.name == "v":
@@ -283,3 +285,25 @@ def test_errors_name_the_bad_argument_and_leave_no_hooks(model, prompts):
     with pytest.raises(RuntimeError, match="metric failed"):
         attribution_patch(model, clean, corrupted, failing, "result", ("layer", "head"))
     assert not model.has_hooks and not model.hook_flags.use_attn_result
+
+
+def test_every_named_estimate_has_its_sweeps_axes_labels_and_shape():
+    import glassbox.interp.attribution.atp_sweeps as named
+    import glassbox.interp.patching.sweeps as sweeps
+
+    torch.manual_seed(0)
+    small = HookedTransformer(Config(d_model=10, n_layers=2, n_heads=2, d_head=3, d_mlp=7, d_vocab=13, n_ctx=5)).eval()
+    clean, corrupted = torch.tensor([[1, 2, 3, 4]]), torch.tensor([[4, 3, 2, 1]])
+    metric = LogitDiff(5, 6)
+    with torch.no_grad():
+        _, cache = small.run_with_cache(clean)
+    pairs = [(n, "patch_" + n[4:]) for n in dir(named) if n.startswith("atp_") and "neurons" not in n
+             and callable(getattr(named, n)) and n != "atp_sweeps"]
+    assert len(pairs) == 18
+    for atp_name, sweep_name in pairs:
+        estimate = getattr(named, atp_name)(small, clean, corrupted, metric)
+        truth = getattr(sweeps, sweep_name)(small, corrupted, cache, metric)
+        assert estimate.axes == truth.axes and estimate.labels == truth.labels, atp_name
+        assert estimate.shape == truth.shape and estimate.name == truth.name, atp_name
+    neurons = named.atp_neurons(small, clean, corrupted, metric)
+    assert neurons.axes == ("layer", "neuron") and neurons.shape == (2, 7)

@@ -80,7 +80,8 @@ def induction():
         base = metric(model(corrupted)).mean().item()
         clean_value = metric(model(clean)).mean().item()
     out = dict(base=base, clean=clean_value)
-    for activation, axes in (("z", ("layer", "head")), ("z", ("layer", "pos", "head")), ("k", ("layer", "pos", "head"))):
+    for activation, axes in (("z", ("layer", "head")), ("z", ("layer", "pos", "head")),
+                             ("k", ("layer", "pos", "head"))):
         key = (activation, axes)
         out[key] = dict(
             exact=activation_patch(model, corrupted, cache, metric, activation, axes).values - base,

@@ -10,7 +10,7 @@ options) and returns a ``PatchResult`` with the axes and labels of the sweep it 
 | atp_head_z / _q / _k / _v / _pattern | patch_head_z / ... | layer head |
 | atp_head_z_by_pos / _q / _k / _v | patch_head_z_by_pos / ... | layer pos head |
 | atp_head_pattern_by_pos | patch_head_pattern_by_pos | layer head query_pos |
-| atp_neurons, atp_neurons_by_pos | (no sweep: one MLP neuron, all positions / one position) | layer neuron / layer pos neuron |
+| atp_neurons / _by_pos | (no sweep) one MLP neuron at all positions / at one | layer (pos) neuron |
 | atp_block_every, atp_head_every, atp_head_every_by_pos | patch_block_every / ... | component ... |
 
 Grouped-query attention: the k and v estimates are per key/value head (axis ``kv_head``), as the
@@ -48,7 +48,7 @@ BY_POSITION = ("layer", "pos")
 BY_HEAD = ("layer", "head")
 BY_POSITION_AND_HEAD = ("layer", "pos", "head")
 
-atp_resid_pre = _estimate("resid_pre", BY_POSITION, "AtP of patching the residual stream entering each block, by position.")
+atp_resid_pre = _estimate("resid_pre", BY_POSITION, "AtP of patching the residual stream entering each block.")
 atp_resid_mid = _estimate("resid_mid", BY_POSITION, "AtP of patching the residual stream between attention and MLP.")
 atp_resid_post = _estimate("resid_post", BY_POSITION, "AtP of patching the residual stream leaving each block.")
 atp_attn_out = _estimate("attn_out", BY_POSITION, "AtP of patching each attention layer's output, by position.")
