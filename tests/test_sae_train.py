@@ -214,6 +214,19 @@ def test_dead_feature_counter_and_resampling():
         assert torch.equal(optimizer.state[sae.W_dec]["exp_avg"][keep], moments["W_dec"][keep])
 
 
+def test_b_dec_init_mean_is_the_first_buffers_mean(model, tokens):
+    from glassbox.train.sae.trainer import SAETrainer
+
+    config = SAETrainConfig(hook_name=HOOK, d_sae=40, context_size=12, architecture="topk", k=3, batch_tokens=32,
+                            buffer_batches=3, model_batch=4, steps=4, b_dec_init="mean")
+    trainer = SAETrainer(model, tokens, config, bos_id=BOS, progress=False)
+    assert torch.equal(trainer.sae.b_dec, torch.zeros(24))
+    trainer.run(until=0)
+    assert torch.equal(trainer.sae.b_dec, trainer.stream.buffer.mean(0)) and trainer.sae.b_dec.abs().max() > 0
+    first = trainer.stream.buffer[:32].clone()
+    assert torch.equal(trainer.stream.next_batch(), first)  # the first batch comes from that buffer
+
+
 def test_schedules():
     cfg = SAETrainConfig(hook_name=HOOK, d_sae=8, context_size=8, architecture="standard", steps=10, lr=1.0,
                          lr_warmup_steps=4, lr_decay_steps=2, l1_coefficient=2.0, l1_warmup_steps=4)
@@ -231,7 +244,7 @@ def test_resume_continues_bit_for_bit(model, tokens, tmp_path, architecture):
     """8 steps straight == stopped at step 6 (checkpoint at 4) + resume; dead-feature handling active."""
     kw = small(checkpoint_every=4, dead_feature_window=1)
     if architecture == "topk":
-        kw.update(architecture="topk", k=3)
+        kw.update(architecture="topk", k=3, b_dec_init="mean")
     else:
         kw.update(architecture="standard", l1_coefficient=0.05, feature_sampling_window=3)
     straight = train_sae(model, tokens, HOOK, 40, out=tmp_path / "a", **kw)

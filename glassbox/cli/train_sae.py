@@ -74,6 +74,8 @@ SETTINGS = {
     "dead_feature_window": (POSITIVE, 1000, "a feature that has not fired for more steps than this is dead"),
     "feature_sampling_window": (COUNT, 2000, "steps between resamplings of dead features (standard; 0: never)"),
     "decoder_init_norm": (POSITIVE_FLOAT, 0.1, "norm of the initial decoder rows"),
+    "b_dec_init": (str, "zeros", "initial decoder bias: zeros (SAELens 6) or mean (of the first buffer's "
+                                 "activations)"),
     "checkpoint_every": (COUNT, 500, "steps between checkpoints (0: only at the end)"),
 }
 # train_sae's names for the flags that differ.
@@ -90,8 +92,9 @@ def add_parser(sub) -> None:
         shown = help_text if default is None else f"{help_text} (default: {default:g})" \
             if isinstance(default, float) else f"{help_text} (default: {default})"
         flag = "--" + name.replace("_", "-")
-        if name == "architecture":
-            p.add_argument(flag, choices=("topk", "standard"), default=None, help=shown)
+        if name in ("architecture", "b_dec_init"):
+            choices = ("topk", "standard") if name == "architecture" else ("zeros", "mean")
+            p.add_argument(flag, choices=choices, default=None, help=shown)
         else:
             p.add_argument(flag, type=kind, default=None, help=shown + (" (required)" if name in ("hook", "d_sae")
                                                                          else ""))

@@ -93,7 +93,7 @@ def train_sae(model, text_or_tokens: Union[str, torch.Tensor], hook_name: str, d
         **options: the other ``SAETrainConfig`` fields (l1_warmup_steps, aux_k_coefficient,
             lr_warmup_steps, lr_decay_steps, adam_beta1/2, buffer_batches, model_batch,
             exclude_special_tokens, dead_feature_window, feature_sampling_window, decoder_init_norm,
-            checkpoint_every).
+            b_dec_init, checkpoint_every).
     Returns:
         the trained SAE, decoder rows folded to norm 1, in eval mode.
     """

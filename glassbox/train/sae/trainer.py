@@ -10,7 +10,9 @@ resampling of its dead features every ``feature_sampling_window`` steps.
 
 Initialisation (SAELens's training SAEs): decoder rows Kaiming-uniform, then scaled to norm
 ``decoder_init_norm`` (0.1); ``W_enc = W_dec^T``; biases zero; drawn from a CPU generator seeded by
-``seed`` and copied to the device, so an SAE starts the same on every device.
+``seed`` and copied to the device, so an SAE starts the same on every device. ``b_dec_init="mean"``
+(older SAELens's option; SAELens 6 starts from zeros) sets ``b_dec`` to the mean of the first
+buffer's activations before the first step, so the encoder starts on centred inputs.
 
 Determinism: on the CPU a run is bit-for-bit repeatable for a seed and a thread count, and a run
 resumed from a checkpoint continues bit-for-bit as if it had not stopped (the checkpoint holds the
@@ -87,6 +89,7 @@ class SAETrainConfig:
     dead_feature_window: int = 1000
     feature_sampling_window: int = 2000
     decoder_init_norm: float = 0.1
+    b_dec_init: str = "zeros"
     checkpoint_every: int = 0
 
     def __post_init__(self):
@@ -118,6 +121,8 @@ class SAETrainConfig:
         if self.lr_warmup_steps + self.lr_decay_steps > self.steps:
             raise ValueError(f"lr_warmup_steps ({self.lr_warmup_steps}) + lr_decay_steps ({self.lr_decay_steps}) "
                              f"is more than steps ({self.steps})")
+        if self.b_dec_init not in ("zeros", "mean"):
+            raise ValueError(f"b_dec_init must be 'zeros' or 'mean', got {self.b_dec_init!r}")
         if not isinstance(self.exclude_special_tokens, bool):
             raise ValueError(f"exclude_special_tokens must be True or False, got {self.exclude_special_tokens!r}")
 
@@ -214,6 +219,10 @@ class SAETrainer:
         until = cfg.steps if until is None else until
         if not self.step <= until <= cfg.steps:
             raise ValueError(f"until={until} must be in [current step {self.step}, steps={cfg.steps}]")
+        if self.step == 0 and cfg.b_dec_init == "mean" and self.stream.buffer is None:
+            self.stream.fill()  # the first batches are served from this buffer
+            with torch.no_grad():
+                self.sae.b_dec.copy_(self.stream.buffer.mean(0))
         bar = _progress(self.progress, self.step, until)
         try:
             while self.step < until:
