@@ -8,7 +8,8 @@ value captured at the read hook for a transcoder):
 - hooks at ``H`` fire on ``x`` (the model's own value), then ``acts = encode(sae_in)`` and
   ``recons = decode(acts)`` fire ``H.hook_sae_input``, ``.hook_sae_acts_pre``, ``.hook_sae_acts_post``,
   ``.hook_sae_recons`` (SAELens's names);
-- without the error term the model carries on with ``recons``;
+- without the error term the model carries on with ``recons`` (plus ``sae_in @ W_skip.T`` for a skip
+  transcoder: the SAE's ``forward``; SAELens's HookedSAETransformer leaves the skip term out);
 - with ``use_error_term=True`` it carries on with ``recons + error``, ``error = x - clean_recons``
   through ``H.hook_sae_error``, where ``clean_recons`` is the reconstruction with no hooks firing
   (recomputed only when a hook is attached to the SAE's points). When no hook replaces anything the
@@ -22,7 +23,6 @@ The SAE's parameters are not the model's; the SAE must be on the model's device.
 spliced at once, each at its own hook; adding one where another is spliced replaces it (as SAELens).
 """
 
-import math
 from contextlib import contextmanager
 from typing import Iterable, Optional, Sequence
 
@@ -31,7 +31,6 @@ from torch import Tensor
 
 from ...hooks import HookPoint, Splice
 from ...hooks.root import unknown_name_message
-from ...models.hook_shapes import axis_sizes, hook_shape
 from .base import SAE
 
 
@@ -58,6 +57,16 @@ class SpliceRun:
     def points(self) -> dict:
         return {name: getattr(self.sae, name) for name in self.sae.hook_dict}
 
+    def output(self, sae_in: Tensor, x: Tensor) -> Tensor:
+        """What the SAE writes, shaped and typed like ``x``: ``decode(encode(sae_in))``, plus a skip
+        transcoder's ``sae_in @ W_skip.T`` (its ``forward``)."""
+        sae = self.sae
+        out = sae.decode(sae.encode(sae_in))
+        extra = sae.skip(sae_in)
+        if extra is not None:
+            out = out + extra
+        return out.reshape(x.shape).to(x.dtype)
+
     def __call__(self, x: Tensor) -> Tensor:
         sae = self.sae
         if sae.device != x.device:
@@ -69,13 +78,13 @@ class SpliceRun:
             if sae_in is None or sae_in.shape[:2] != x.shape[:2]:
                 raise RuntimeError(f"the transcoder writing at {sae.cfg.hook_out} reads at {sae.cfg.hook_name}, "
                                    "which did not run first in this forward (a run starting past it?)")
-        recons = sae.decode(sae.encode(sae_in)).reshape(x.shape).to(x.dtype)
+        recons = self.output(sae_in, x)
         if self.use_error_term:
             clean = recons
             hooked = [p for p in self.points().values() if (p.fwd_hooks or p.bwd_hooks)]
             if hooked:
                 with hooks_off(hooked):
-                    clean = sae.decode(sae.encode(sae_in)).reshape(x.shape).to(x.dtype)
+                    clean = self.output(sae_in, x)
             error_0 = x - clean
             error = sae.hook_sae_error(error_0)
             recons = x.detach() + (recons - clean.detach()) + (error - error_0.detach())
@@ -114,7 +123,8 @@ def add_sae(model, sae: SAE, use_error_term: bool = False) -> None:
         if name not in model.hook_dict:
             raise KeyError(f"the SAE reads or writes at {name!r}, which this model does not have: "
                            + unknown_name_message(name, model.hook_dict))
-    check_widths(model, sae)
+    if getattr(model, "cfg", None) is not None:  # widths from HOOK_SHAPES where it knows the hook, else at run time
+        sae.check_fits(model)
     model_device = next(model.parameters()).device
     if sae.device != model_device:
         raise ValueError(f"the SAE at {cfg.hook_name} is on {sae.device} and the model on {model_device}; "
@@ -134,40 +144,6 @@ def add_sae(model, sae: SAE, use_error_term: bool = False) -> None:
         if capture is not None:
             model.remove_splice(cfg.hook_name)
         raise
-
-
-def hook_width(model, name: str, flatten_heads: bool) -> Optional[int]:
-    """Values per position at hook ``name`` in ``model`` (heads flattened when ``flatten_heads``), from
-    HOOK_SHAPES; None where the table or the model's config cannot say (checked at run time then)."""
-    cfg, flags = getattr(model, "cfg", None), getattr(model, "hook_flags", None)
-    if cfg is None:
-        return None
-    try:
-        axes = hook_shape(name, flags, cfg).split()
-    except KeyError:
-        return None
-    if axes[:2] != ["batch", "pos"]:
-        return None
-    sizes = axis_sizes(cfg, 1, 1)
-    dims = [int(a) if a.isdigit() else sizes[a] for a in axes[2:]]
-    if flatten_heads:
-        return math.prod(dims[-2:]) if len(dims) >= 2 else None
-    return dims[-1] if dims else None
-
-
-def check_widths(model, sae: SAE) -> None:
-    """Refuse an SAE whose d_in is not the width of the hook it reads (and, for a transcoder, writes)."""
-    cfg = sae.cfg
-    ends = [("reads", cfg.hook_name, cfg.reshape_activations == "hook_z")]
-    if cfg.is_transcoder:
-        ends.append(("writes", cfg.hook_out, False))
-    for verb, name, flatten in ends:
-        width = hook_width(model, name, flatten)
-        if width is not None and width != cfg.d_in:
-            shape = hook_shape(name, getattr(model, "hook_flags", None), model.cfg)
-            how = " with its heads flattened" if flatten else ""
-            raise ValueError(f"the SAE {verb} at {name!r} ({shape}{how}: {width} values per position), but its "
-                             f"d_in is {cfg.d_in}")
 
 
 def remove_sae(model, hook_name: str, missing_ok: bool = False) -> Optional[tuple]:
