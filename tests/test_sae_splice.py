@@ -55,7 +55,7 @@ def make_sae(place: str, seed: int = 0, dtype=torch.float32) -> StandardSAE:
 def by_hand(sae: StandardSAE, x: torch.Tensor) -> torch.Tensor:
     """The SAE's reconstruction of x, written out from its weights (heads flattened for hook_z)."""
     flat = x.flatten(-2) if sae.cfg.reshape_activations == "hook_z" else x
-    acts = torch.relu((flat - sae.b_dec) @ sae.W_enc + sae.b_enc)
+    acts = torch.relu((flat - sae.b_dec if sae.cfg.apply_b_dec_to_input else flat) @ sae.W_enc + sae.b_enc)
     return (acts @ sae.W_dec + sae.b_dec).reshape(x.shape)
 
 
@@ -272,7 +272,7 @@ def test_saes_context_restores_when_the_body_or_a_hook_raises(model, tokens):
     # a bad SAE in the list: the ones before it are taken out again, what was there is put back
     keep = make_sae("mlp_out")
     add_sae(model, keep)
-    with pytest.raises(ValueError, match="d_in"):
+    with pytest.raises(ValueError, match="d_in=23"):
         with model.saes([make_sae("resid_pre"), StandardSAE(SAEConfig("standard", 23, 5, "blocks.0.hook_mlp_out"))]):
             pass
     assert model.acts_to_saes == {"blocks.0.hook_mlp_out": keep}
@@ -298,11 +298,14 @@ def test_bad_inputs_are_named(model, tokens):
         add_sae(model, meta)
     with pytest.raises(KeyError, match="blocks.7.hook_resid_pre"):
         add_sae(model, StandardSAE(SAEConfig("standard", 24, 5, "blocks.7.hook_resid_pre")))
-    with pytest.raises(ValueError, match=r"'blocks.0.hook_resid_pre' \(batch pos d_model: 24 .*d_in is 23"):
+    with pytest.raises(ValueError, match="reads d_in=23 values per position at blocks.0.hook_resid_pre, where the "
+                                         "model has d_model = 24"):
         add_sae(model, StandardSAE(SAEConfig("standard", 23, 5, "blocks.0.hook_resid_pre")))
-    with pytest.raises(ValueError, match="heads flattened: 24 values per position.*d_in is 8"):
+    with pytest.raises(ValueError, match="reads d_in=8 .* at blocks.0.attn.hook_z, where the model has head x "
+                                         "d_head = 24"):
         add_sae(model, StandardSAE(SAEConfig("standard", 8, 5, "blocks.0.attn.hook_z", reshape_activations="hook_z")))
-    with pytest.raises(ValueError, match="writes at 'blocks.0.hook_mlp_out'.*d_in is 40"):
+    with pytest.raises(ValueError, match="writes d_out=40 .* at blocks.0.hook_mlp_out, where the model has "
+                                         "d_model = 24"):
         add_sae(model, StandardSAE(SAEConfig("standard", 40, 5, "blocks.0.mlp.hook_post",
                                              hook_name_out="blocks.0.hook_mlp_out")))
     with pytest.raises(TypeError, match="use_error_term"):
@@ -415,3 +418,28 @@ def test_tl_hooked_transformer_takes_saes(model, tokens):
     assert list(tl_model.acts_to_saes) == ["blocks.1.attn.hook_z"]
     tl_model.reset_saes()
     assert tl_model.splices == {}
+
+
+def test_a_skip_transcoder_writes_its_forward(model, tokens):
+    """A skip transcoder's splice writes decode(encode(x)) + x @ W_skip.T (its forward), not decode alone."""
+    from glassbox.interp.sae.architectures import make_sae as make_arch
+
+    read, write = "blocks.0.ln2.hook_normalized", "blocks.0.hook_mlp_out"
+    sae = make_arch(SAEConfig("skip_transcoder", 24, D_SAE, read, hook_name_out=write, apply_b_dec_to_input=False))
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for p in sae.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) / 5)
+    seen = {}
+    hooks = [(read, lambda act, hook: seen.__setitem__("x", act)),
+             (write, lambda act, hook: by_hand(sae, seen["x"]) + seen["x"] @ sae.W_skip.T)]
+    with torch.no_grad():
+        expected = model.run_with_hooks(tokens, fwd_hooks=hooks)
+        clean = model.run_with_hooks(tokens, fwd_hooks=[(read, noop)])
+        with model.saes([sae]):
+            logits = model(tokens)
+        with model.saes([sae], use_error_term=True):
+            exact = model(tokens)
+    assert torch.equal(exact, clean)
+    # measured 0 (logits up to 0.5), bound 1e-6
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-6)
