@@ -101,6 +101,8 @@ def test_stream_refuses_a_bad_hook_and_short_streams(model, tokens):
         stream(model, tokens[:5])
     with pytest.raises(ValueError, match="context_size=17"):
         stream(model, tokens, context_size=17)
+    with pytest.raises(ValueError, match="every token of the stream is a special token"):
+        stream(model, torch.full((40,), BOS))
 
 
 # -- the losses ------------------------------------------------------------------------------------

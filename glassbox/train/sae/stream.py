@@ -80,9 +80,9 @@ class ActivationStream:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.dtype = dtype
         self.stop = stop_layer(hook_name, model.cfg.n_layers)
-        kept = context_size - int((self.ignore_ids == self.bos_id).any())
-        if kept < 1:
-            raise ValueError("every token of a window would be excluded; use a longer context_size")
+        if torch.isin(self.tokens, self.ignore_ids).all():
+            raise ValueError("every token of the stream is a special token, which the SAE does not train on; "
+                             "give text, or exclude_special_tokens=False")
         self.buffer: Optional[Tensor] = None
         self.served = 0
         self.fill_rng: Optional[Tensor] = None
