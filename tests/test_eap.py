@@ -401,3 +401,13 @@ def test_frozen_parameters_and_progress_bar():
     # measured 0: the same forwards, only which leaves need grad differs; bound 5e-7 (float32 ulps of 1.4)
     assert (frozen.scores - base.scores).abs().nan_to_num().max() < 5e-7
     assert torch.equal(torch.isnan(frozen.scores), torch.isnan(base.scores))
+
+
+def test_refuses_inference_mode_but_runs_under_no_grad():
+    model = model_for(GPT2, seed=3)
+    clean, corrupted = tokens()
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="inference_mode"):
+        eap(model, clean, corrupted, METRIC)
+    with torch.no_grad():
+        graph = eap(model, clean, corrupted, METRIC)
+    assert graph.scores.abs().nan_to_num().max() > 0.5

@@ -17,7 +17,10 @@ hook_v_input at its head or kv head, hook_mlp_in, or the last hook_resid_post fo
   (blocks.0.hook_resid_pre) replaced by e(t_k) = e_clean + t_k (e_corrupted - e_clean).
 - ``"EAP-IG-activations"``: for each sender s separately, g_r (for the edges leaving s) is
   (1/m) sum_k d M / d x_r on the clean run with a_s alone replaced by a_s(clean) + t_k Delta_s
-  (every other activation computed as the model does).
+  (every other activation computed as the model does). This differs from the MIB reference code, which
+  interpolates a whole layer's output at a time and adds every run's gradients into every sender's
+  row; here a sender's row comes only from the runs that move that sender, so the completeness
+  identity below holds sender by sender.
 
 The step points t_k, measured from the clean run (t = 0) towards the corrupted one (t = 1):
 ``points="endpoint"`` (default) t_k = (k - 1)/m for k = 1..m, Hanna et al.'s points (their
@@ -98,6 +101,9 @@ def eap(model, clean_tokens: Tensor, corrupted_tokens: Tensor, metric, *, method
                                        or steps_per_pass < 1):
         raise ValueError(f"steps_per_pass must be a positive int or None, got {steps_per_pass!r}")
     check_edge_model(model)
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError("eap needs gradients, which torch.inference_mode() forbids; call it outside that block "
+                           "(torch.no_grad() around it is fine: eap turns gradients on where it needs them)")
     clean, corrupted, mask = _check_inputs(model, clean_tokens, corrupted_tokens, attention_mask)
     cfg = model.cfg
     sender_names, receiver_names = senders(cfg), receivers(cfg)
