@@ -251,3 +251,60 @@ def test_spliced_into_a_model_the_logits_are_saelens(tmp_path, twins, case, use_
     assert max_diff(got, want) <= (2e-5 if not use_error_term else 2e-4)
     # the models' rounding reaches the SAE's input: measured 2.4e-6 (activations up to 84), bound 3e-5: 12x
     assert max_diff(got_cache[name], want_cache[name]) <= 3e-5
+
+
+def lens_training_sae(arch, normalize, seed):
+    from sae_lens.saes import (GatedTrainingSAE, GatedTrainingSAEConfig, JumpReLUTrainingSAE,
+                               JumpReLUTrainingSAEConfig, StandardTrainingSAE, StandardTrainingSAEConfig,
+                               TopKTrainingSAE, TopKTrainingSAEConfig)
+    classes = {"standard": (StandardTrainingSAE, StandardTrainingSAEConfig, {}),
+               "topk": (TopKTrainingSAE, TopKTrainingSAEConfig, dict(k=6)),  # rescale_acts_by_decoder_norm on
+               "batchtopk": (BatchTopKTrainingSAE, BatchTopKTrainingSAEConfig, dict(k=4.5)),
+               "jumprelu": (JumpReLUTrainingSAE, JumpReLUTrainingSAEConfig, {}),
+               "gated": (GatedTrainingSAE, GatedTrainingSAEConfig, {})}
+    cls, cfg_cls, kw = classes[arch]
+    sae = cls(cfg_cls(d_in=D_IN, d_sae=D_SAE, normalize_activations=normalize,
+                      metadata=SAEMetadata(hook_name=HOOK), **kw))
+    randomize(sae, seed)
+    if arch == "batchtopk":
+        sae.topk_threshold = torch.tensor(0.8, dtype=torch.double)
+    return sae
+
+
+@pytest.mark.parametrize("arch", ["standard", "topk", "batchtopk", "jumprelu", "gated"])
+@pytest.mark.parametrize("normalize", ["expected_average_only_in", "covariance_whitening"])
+def test_saelens_training_checkpoint_with_its_scaler_loads_folded(tmp_path, arch, normalize):
+    """A SAELens training checkpoint (``save_model`` of a training SAE, ``activation_scaler.json`` and the
+    whitening file beside it): glassbox folds the statistics on load; SAELens's own fold of the same SAE
+    (what its trainer does when it finishes) encodes and decodes raw activations identically."""
+    from sae_lens.training.activation_scaler import ActivationScaler, ActivationWhitening
+    lens = lens_training_sae(arch, normalize, 4)
+    g = torch.Generator().manual_seed(9)
+    scaler = ActivationScaler()
+    if normalize == "expected_average_only_in":
+        scaler.scaling_factor = 1.7
+    else:
+        M = torch.eye(D_IN) + 0.1 * torch.randn(D_IN, D_IN, generator=g)
+        scaler.whitening = ActivationWhitening(mean=torch.randn(D_IN, generator=g), matrix=M,
+                                               inverse_matrix=torch.linalg.inv(M))
+    lens.save_model(str(tmp_path / "ckpt"))
+    scaler.save(str(tmp_path / "ckpt" / "activation_scaler.json"))
+    gb = load_sae(tmp_path / "ckpt")
+    assert gb.architecture == arch and gb.cfg.normalize_activations == "none"
+    # SAELens's statistics as its trainer reads them back from the checkpoint (the in-memory inverse is
+    # column-major, and a matmul on it rounds differently: 4.8e-7 on b_dec)
+    scaler = ActivationScaler()
+    scaler.load(tmp_path / "ckpt" / "activation_scaler.json")
+    if scaler.scaling_factor is not None:
+        lens.fold_activation_norm_scaling_factor(scaler.scaling_factor)
+    else:
+        w = scaler.whitening
+        lens.fold_activation_whitening(w.mean, w.matrix, w.inverse_matrix)
+    for k, v in lens.state_dict().items():
+        assert torch.equal(gb.state_dict()[k], v.to(gb.state_dict()[k].dtype)), k
+    x = inputs("standard", 4)
+    with torch.no_grad():
+        acts = lens.encode(x)
+        assert 0 < acts.count_nonzero() < acts.numel()
+        assert torch.equal(gb.encode(x), acts)
+        assert torch.equal(gb.decode(acts), lens.decode(acts))

@@ -65,6 +65,15 @@ class TopKSAE(SAE):
                              "which features are in the top k; refused (as SAELens)")
         super().fold_W_dec_norm()
 
+    @torch.no_grad()
+    def fold_activation_whitening(self, mean: Tensor, whitening_matrix: Tensor, unwhitening_matrix: Tensor) -> None:
+        """With ``rescale_acts_by_decoder_norm`` the decoder norms are folded first (the un-whitening changes
+        them, which would change the selection) and the rescale turned off, as SAELens."""
+        if self.cfg.rescale_acts_by_decoder_norm:
+            self.fold_W_dec_norm()
+            self.cfg.rescale_acts_by_decoder_norm = False
+        super().fold_activation_whitening(mean, whitening_matrix, unwhitening_matrix)
+
 
 def batch_topk(acts: Tensor, k: float) -> Tensor:
     """The ``int(k * positions)`` largest of ``acts`` over every position and feature, the rest 0."""
@@ -107,6 +116,22 @@ class BatchTopKSAE(SAE):
             raise ValueError("fold_W_dec_norm on a batchtopk SAE without rescale_acts_by_decoder_norm would "
                              "change which features are kept; refused")
         super().fold_W_dec_norm()
+
+    @torch.no_grad()
+    def fold_activation_norm_scaling_factor(self, scaling_factor: float) -> None:
+        """As the base; with ``rescale_acts_by_decoder_norm`` the threshold (in units of pre times the
+        decoder norm, which the fold divides) is divided too, as SAELens."""
+        super().fold_activation_norm_scaling_factor(scaling_factor)
+        if self.cfg.rescale_acts_by_decoder_norm:
+            self.topk_threshold.div_(scaling_factor)
+
+    @torch.no_grad()
+    def fold_activation_whitening(self, mean: Tensor, whitening_matrix: Tensor, unwhitening_matrix: Tensor) -> None:
+        """As TopKSAE's: decoder norms folded first (and the rescale turned off) when rescaling, as SAELens."""
+        if self.cfg.rescale_acts_by_decoder_norm:
+            self.fold_W_dec_norm()
+            self.cfg.rescale_acts_by_decoder_norm = False
+        super().fold_activation_whitening(mean, whitening_matrix, unwhitening_matrix)
 
     @torch.no_grad()
     def to_jumprelu(self) -> "JumpReLUSAE":
@@ -173,6 +198,12 @@ class GatedSAE(SAE):
         self.b_gate.mul_(norms)
         self.b_mag.mul_(norms)
 
+    def fold_whitening_extra(self, mean: Tensor) -> None:
+        if not self.cfg.apply_b_dec_to_input:
+            shift = mean.to(self.W_enc) @ self.W_enc
+            self.b_gate.sub_(shift)
+            self.b_mag.sub_(shift * self.r_mag.exp())
+
 
 class Transcoder(SAE):
     """ReLU transcoder (SAELens's "transcoder"): encodes the value at ``cfg.hook_name`` [d_in], decodes to
@@ -194,6 +225,14 @@ class Transcoder(SAE):
                 raise ValueError(f"{name} supports reshape_activations='none' only, got "
                                  f"{cfg.reshape_activations!r}")
         super().__init__(cfg, device, dtype)
+
+    def fold_activation_norm_scaling_factor(self, scaling_factor: float) -> None:
+        raise ValueError(f"folding an input normalisation into a {self.architecture} (input and output at "
+                         "different hooks) is not supported")
+
+    def fold_activation_whitening(self, mean: Tensor, whitening_matrix: Tensor, unwhitening_matrix: Tensor) -> None:
+        raise ValueError(f"folding an input whitening into a {self.architecture} (input and output at "
+                         "different hooks) is not supported")
 
 
 class SkipTranscoder(Transcoder):

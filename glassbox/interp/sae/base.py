@@ -223,6 +223,35 @@ class SAE(HookedRootModule):
             self.b_enc.mul_(norms)
         self.fold_extra(norms)
 
+    # -- folding a training-time input normalisation (SAELens's trainer does so when it finishes) ---
+    @torch.no_grad()
+    def fold_activation_norm_scaling_factor(self, scaling_factor: float) -> None:
+        """The SAE trained on ``scaling_factor * x`` made to read ``x`` (and reconstruct ``x``): W_enc times
+        the factor, W_dec and b_dec divided by it, as SAELens's method of this name."""
+        self.W_enc.mul_(scaling_factor)
+        self.W_dec.div_(scaling_factor)
+        self.b_dec.div_(scaling_factor)
+
+    @torch.no_grad()
+    def fold_activation_whitening(self, mean: Tensor, whitening_matrix: Tensor, unwhitening_matrix: Tensor) -> None:
+        """The SAE trained on ``z = (x - mean) @ M`` (reconstructing ``z``, mapped back by ``@ M^-1 + mean``)
+        made to read and reconstruct ``x``, as SAELens's method of this name: ``W_enc <- M @ W_enc``,
+        ``W_dec <- W_dec @ M^-1``, ``b_dec <- b_dec @ M^-1 + mean``, and without ``apply_b_dec_to_input``
+        ``b_enc <- b_enc - mean @ W_enc``; computed in the wider of the two dtypes."""
+        dtype = torch.promote_types(self.W_enc.dtype, whitening_matrix.dtype)
+        mean = mean.to(self.device, dtype)
+        M = whitening_matrix.to(self.device, dtype)
+        M_inv = unwhitening_matrix.to(self.device, dtype)
+        self.W_enc.copy_(M @ self.W_enc.to(dtype))
+        if not self.cfg.apply_b_dec_to_input and self.b_enc is not None:
+            self.b_enc.sub_(mean @ self.W_enc.to(dtype))
+        self.W_dec.copy_(self.W_dec.to(dtype) @ M_inv)
+        self.b_dec.copy_(self.b_dec.to(dtype) @ M_inv + mean)
+        self.fold_whitening_extra(mean)
+
+    def fold_whitening_extra(self, mean: Tensor) -> None:
+        """Shift architecture-specific encoder biases as ``fold_activation_whitening`` shifts b_enc."""
+
     def fold_extra(self, norms: Tensor) -> None:
         """Rescale architecture-specific per-feature parameters by ``norms`` (a JumpReLU threshold)."""
 

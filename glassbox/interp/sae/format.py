@@ -12,12 +12,16 @@ A folder holds (SAELens 6's names, ``SAE.save_model`` / ``SAE.load_from_disk``):
 Safetensors only (never pickle). Configs from before SAELens 6 (``hook_point``, top-level ``hook_name``,
 ``activation_fn="topk"``...) are read as SAELens reads them.
 
-``normalize_activations="expected_average_only_in"`` means the SAE was trained on activations scaled by
-a constant that SAELens's trainer folds into the weights when it finishes; a folder saved before that
-fold keeps it in ``activation_scaler.json``. ``load_sae`` folds it as SAELens's trainer does and loads a
-"none" SAE; without that file the factor is unknown and the folder is refused (SAELens's
-``load_from_disk`` would silently run the SAE on unscaled inputs). A BatchTopK SAE is saved in its
-inference form, a JumpReLU SAE (as SAELens saves it).
+``normalize_activations="expected_average_only_in"`` (``"covariance_whitening"``) means the SAE was
+trained on activations scaled by a constant (whitened) that SAELens's trainer folds into the weights when
+it finishes; a folder saved before that fold (a training checkpoint) keeps the statistics in
+``activation_scaler.json`` (and ``activation_whitening.safetensors``: ``mean`` [d_in], ``matrix`` and
+``inverse_matrix`` [d_in d_in]). ``load_sae`` folds them as SAELens's trainer does
+(``SAE.fold_activation_norm_scaling_factor`` / ``fold_activation_whitening``) and loads a "none" SAE;
+without those files the folder is refused (SAELens's ``load_from_disk`` would silently run the SAE on
+raw inputs). A BatchTopK SAE is saved in its inference form, a JumpReLU SAE (as SAELens saves it); a
+SAELens BatchTopK training checkpoint (architecture "batchtopk", with its ``topk_threshold``) loads as
+glassbox's ``BatchTopKSAE``.
 
 Writing is atomic: everything goes to a temporary folder beside ``folder``, renamed into place at the
 end, so a failure leaves no half-written folder.
@@ -43,6 +47,7 @@ CFG_FILENAME = "cfg.json"
 WEIGHTS_FILENAME = "sae_weights.safetensors"
 SPARSITY_FILENAME = "sparsity.safetensors"
 SCALER_FILENAME = "activation_scaler.json"
+WHITENING_FILENAME = "activation_whitening.safetensors"
 # the SAELens version whose format this writes (SAELens reads configs of versions < 6 another way)
 SAELENS_FORMAT_VERSION = "6.54.12"
 
@@ -127,13 +132,11 @@ def config_from_dict(raw: dict, where: str) -> SAEConfig:
         sae_class(arch)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
-    if arch == "batchtopk":
-        raise ValueError(f"{where}: architecture 'batchtopk' is SAELens's training SAE; its saved inference "
-                         "form is 'jumprelu'")
     extra = {}
-    if arch == "topk":
-        extra = dict(k=raw.get("k", 100),  # SAELens's TopKSAEConfig default
-                     rescale_acts_by_decoder_norm=bool(raw.get("rescale_acts_by_decoder_norm", False)))
+    if arch in ("topk", "batchtopk"):
+        # SAELens's defaults: k=100; rescale off for the inference TopK, on for the (training) BatchTopK
+        extra = dict(k=raw.get("k", 100),
+                     rescale_acts_by_decoder_norm=bool(raw.get("rescale_acts_by_decoder_norm", arch == "batchtopk")))
     if arch in TRANSCODERS:
         extra["d_out"] = raw.get("d_out", 768)  # SAELens's TranscoderConfig default
     if raw.get("finetuning_scaling_factor"):
@@ -152,23 +155,54 @@ def config_from_dict(raw: dict, where: str) -> SAEConfig:
         raise ValueError(f"{where}: {e}") from None
 
 
-def _scaling_factor(folder: Path, cfg: SAEConfig) -> float:
+def _scaler(folder: Path, cfg: SAEConfig) -> Optional[dict]:
+    """``activation_scaler.json`` of ``folder`` (SAELens's trainer state), or None without the file."""
     path = folder / SCALER_FILENAME
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not an activation scaler config ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not an activation scaler config (a JSON {type(data).__name__})")
+    return data
+
+
+def training_normalization(folder: Path, cfg: SAEConfig):
+    """The fold that turns an SAE trained on normalised activations into one reading raw activations
+    (module docstring): a function of the SAE, or None for ``normalize_activations`` that the SAE computes
+    itself. Refuses, naming the files, when the statistics are not in the folder."""
+    mode, cfg_path = cfg.normalize_activations, folder / CFG_FILENAME
+    if mode not in ("expected_average_only_in", "covariance_whitening"):
+        return None
     if cfg.architecture in TRANSCODERS:
-        raise ValueError(f"{folder / CFG_FILENAME}: normalize_activations='expected_average_only_in' on a transcoder "
-                         "is not supported")
-    factor = None
-    if path.is_file():
-        try:
-            factor = json.loads(path.read_text()).get("scaling_factor")
-        except (OSError, ValueError, AttributeError) as e:
-            raise ValueError(f"{path}: not an activation scaler config ({e})") from None
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 0:
-        raise ValueError(f"{folder / CFG_FILENAME}: normalize_activations='expected_average_only_in' needs the "
-                         f"scaling factor, which {path} does not give"
-                         f"{f' (scaling_factor={factor!r})' if path.is_file() else ' (no such file)'}; SAELens's "
-                         "load_from_disk would run the SAE on unscaled inputs")
-    return float(factor)
+        raise ValueError(f"{cfg_path}: normalize_activations={mode!r} on a transcoder is not supported")
+    scaler = _scaler(folder, cfg)
+    where = folder / SCALER_FILENAME
+    if mode == "expected_average_only_in":
+        factor = None if scaler is None else scaler.get("scaling_factor")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 0:
+            got = " (no such file)" if scaler is None else f" (scaling_factor={factor!r})"
+            raise ValueError(f"{cfg_path}: normalize_activations='expected_average_only_in' needs the scaling factor, "
+                             f"which {where} does not give{got}; SAELens's load_from_disk would run the SAE on "
+                             "unscaled inputs")
+        return lambda sae: sae.fold_activation_norm_scaling_factor(float(factor))
+    path = folder / WHITENING_FILENAME
+    if scaler is None or not scaler.get("has_whitening", True) or not path.is_file():
+        raise ValueError(f"{cfg_path}: normalize_activations='covariance_whitening' needs the whitening statistics "
+                         f"({where} and {path}), which the folder does not have; SAELens's load_from_disk would "
+                         "run the SAE on unwhitened inputs")
+    shapes = {"mean": (cfg.d_in,), "matrix": (cfg.d_in, cfg.d_in), "inverse_matrix": (cfg.d_in, cfg.d_in)}
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        stats = {}
+        for key, shape in shapes.items():
+            if key not in f.keys():
+                raise KeyError(f"{path}: missing key {key!r}")
+            stats[key] = f.get_tensor(key)
+            if tuple(stats[key].shape) != shape:
+                raise ValueError(f"{path}: key {key!r} has shape {tuple(stats[key].shape)}; d_in={cfg.d_in} needs {shape}")
+    return lambda sae: sae.fold_activation_whitening(stats["mean"], stats["matrix"], stats["inverse_matrix"])
 
 
 def load_sae(folder: Union[str, Path], device: Union[str, torch.device, None] = None,
@@ -185,35 +219,31 @@ def load_sae(folder: Union[str, Path], device: Union[str, torch.device, None] = 
     dtype = parse_dtype(raw.get("dtype", "float32"), str(cfg_path)) if dtype is None else parse_dtype(dtype, "load_sae")
     if device is None:
         device = next(model.parameters()).device if model is not None else "cpu"
-    factor = None
-    if cfg.normalize_activations == "expected_average_only_in":
-        factor = _scaling_factor(folder, cfg)
+    fold = training_normalization(folder, cfg)
+    if fold is not None:
         cfg.normalize_activations = "none"
-    if cfg.normalize_activations == "covariance_whitening":
-        raise ValueError(f"{cfg_path}: normalize_activations='covariance_whitening' is not supported")
     try:
         sae = sae_class(cfg.architecture)(cfg, device=device, dtype=dtype)
     except ValueError as e:
         raise ValueError(f"{cfg_path}: {e}") from None
     tensors = read_weights(folder / WEIGHTS_FILENAME, sae)
     with torch.no_grad():
-        for name, param in sae.named_parameters():
-            param.copy_(tensors[name])
-        if factor is not None:
-            # SAELens's fold_activation_norm_scaling_factor: the SAE now reads unscaled activations
-            sae.W_enc.mul_(factor)
-            sae.W_dec.div_(factor)
-            sae.b_dec.div_(factor)
+        for name, target in sae.state_dict().items():
+            target.copy_(tensors[name])
+        if fold is not None:
+            fold(sae)
     if model is not None:
         sae.check_fits(model)
     return sae
 
 
 def read_weights(path: Path, sae: SAE) -> dict:
-    """The tensors of ``path``, checked against ``sae``'s parameter names and shapes, in its dtype."""
+    """The tensors of ``path``, checked against ``sae``'s state (parameter and buffer names and shapes),
+    each in the dtype of its parameter or buffer."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no SAE weights")
-    expected = {name: tuple(p.shape) for name, p in sae.named_parameters()}
+    state = sae.state_dict()
+    expected = {name: tuple(t.shape) for name, t in state.items()}
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             keys = list(f.keys())
@@ -232,7 +262,7 @@ def read_weights(path: Path, sae: SAE) -> dict:
                     raise ValueError(f"{path}: key {name!r} has shape {tuple(t.shape)}; a {sae.architecture} SAE "
                                      f"with d_in={sae.cfg.d_in}, d_sae={sae.cfg.d_sae}"
                                      f"{f', d_out={sae.cfg.d_output}' if sae.cfg.d_out else ''} needs {shape}")
-                out[name] = t.to(sae.dtype)
+                out[name] = t.to(state[name].dtype)
             if "scaling_factor" in keys and not torch.all(f.get_tensor("scaling_factor") == 1):
                 raise ValueError(f"{path}: key 'scaling_factor' is not all ones (a pre-6 SAELens fine-tuning "
                                  "scale), not supported")
