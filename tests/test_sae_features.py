@@ -193,3 +193,24 @@ def test_refusals(model, tokens):
     _, cache = capped.run_with_cache(tokens)
     with pytest.raises(ValueError, match="soft-caps"):
         feature_logit_attrs(cache, StandardSAE(SAEConfig("standard", 24, 5, "blocks.0.hook_mlp_out")), 3)
+
+
+def test_a_skip_transcoders_decomposition_has_its_skip_term(model, tokens):
+    from glassbox.interp.sae.architectures import make_sae as make_arch
+
+    read, write = "blocks.1.ln2.hook_normalized", "blocks.1.hook_mlp_out"
+    sae = make_arch(SAEConfig("skip_transcoder", 24, D_SAE, read, hook_name_out=write, apply_b_dec_to_input=False))
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for p in sae.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) / 5)
+    with model.saes([sae], use_error_term=True):
+        _, cache = model.run_with_cache(tokens)
+    parts = decompose(cache, sae)
+    with torch.no_grad():
+        assert torch.equal(parts.skip, cache[read] @ sae.W_skip.T)
+    total = parts.contributions().sum(0) + parts.b_dec + parts.skip + parts.error
+    # measured 7.1e-7 (parts up to ~1 cancelling to values up to 0.012), bound 8e-6: 11x
+    torch.testing.assert_close(total, cache[write], rtol=0, atol=8e-6)
+    # measured 0, bound 1e-6: the splice's error term counts the skip term as written
+    torch.testing.assert_close(parts.error, cache[f"{write}.hook_sae_error"], rtol=0, atol=1e-6)

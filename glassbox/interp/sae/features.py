@@ -12,8 +12,9 @@ Contract:
   the SAE runs, so the two agree on a run whose hooks replace nothing). The SAE's own hook points do
   not fire when it is encoded here.
 - ``decompose(cache, sae)``: the value the SAE reconstructs, ``cache[hook]`` at ``sae.cfg.hook_out``
-  (the MLP output for a transcoder), is exactly ``sum_f acts[f] * W_dec[f] + b_dec + error`` with
-  ``error = value - (acts @ W_dec + b_dec)``: the parts sum to the value to float rounding. A hook_z
+  (the MLP output for a transcoder), is exactly ``sum_f acts[f] * W_dec[f] + b_dec (+ skip) + error``
+  with ``error = value - (acts @ W_dec + b_dec) (- skip)``, ``skip`` a skip transcoder's
+  ``x @ W_skip.T`` of its input (None for others): the parts sum to the value to float rounding. A hook_z
   SAE's parts are in its flattened ``(head d_head)`` space; ``Decomposition.value`` is flattened too.
 - ``feature_logit_attrs``: feature f's direct share of the logit of ``tokens`` at each position, the
   way ``logit_attrs`` attributes a residual-stream component: the feature's output in the residual
@@ -73,22 +74,26 @@ def feature_acts(cache, sae: SAE) -> Float[Tensor, "batch pos d_sae"]:
 
 @dataclass
 class Decomposition:
-    """``value == contributions().sum(0) + b_dec + error`` to float rounding (d_in is the SAE's width)."""
+    """``value == contributions().sum(0) + b_dec (+ skip) + error`` to float rounding (d_out is the width
+    the SAE writes: its d_in, or a transcoder's d_out)."""
 
     acts: Float[Tensor, "batch pos d_sae"]
-    W_dec: Float[Tensor, "d_sae d_in"]
-    b_dec: Float[Tensor, "d_in"]
-    error: Float[Tensor, "batch pos d_in"]
-    value: Float[Tensor, "batch pos d_in"]
+    W_dec: Float[Tensor, "d_sae d_out"]
+    b_dec: Float[Tensor, "d_out"]
+    error: Float[Tensor, "batch pos d_out"]
+    value: Float[Tensor, "batch pos d_out"]
+    skip: Optional[Tensor] = None  # [batch pos d_out], a skip transcoder's x @ W_skip.T
 
-    def contributions(self, features: Optional[Sequence[int]] = None) -> Float[Tensor, "feature batch pos d_in"]:
-        """``acts[..., f] * W_dec[f]`` for each feature (all by default: d_sae x batch x pos x d_in values)."""
+    def contributions(self, features: Optional[Sequence[int]] = None) -> Float[Tensor, "feature batch pos d_out"]:
+        """``acts[..., f] * W_dec[f]`` for each feature (all by default: d_sae x batch x pos x d_out values)."""
         index = torch.arange(self.W_dec.shape[0], device=self.W_dec.device) if features is None else \
             torch.as_tensor(features, device=self.W_dec.device, dtype=torch.long)
         return torch.einsum("bpf,fd->fbpd", self.acts[..., index], self.W_dec[index])
 
-    def reconstruction(self) -> Float[Tensor, "batch pos d_in"]:
-        return self.acts @ self.W_dec + self.b_dec
+    def reconstruction(self) -> Float[Tensor, "batch pos d_out"]:
+        """What the splice writes without the error term: features, b_dec and any skip term."""
+        out = self.acts @ self.W_dec + self.b_dec
+        return out if self.skip is None else out + self.skip
 
 
 def decompose(cache, sae: SAE) -> Decomposition:
@@ -99,8 +104,13 @@ def decompose(cache, sae: SAE) -> Decomposition:
     flat = value.flatten(-2) if sae.cfg.reshape_activations == "hook_z" else value
     flat = flat.to(sae.dtype)
     W_dec, b_dec = sae.W_dec.detach(), sae.b_dec.detach()
-    error = flat - (acts @ W_dec + b_dec)
-    return Decomposition(acts, W_dec, b_dec, error, flat)
+    skip = None
+    if getattr(sae, "W_skip", None) is not None:
+        x = cached(cache, sae.cfg.hook_name, "the skip transcoder reads").to(sae.device)
+        skip = sae.skip(x).detach()
+    parts = Decomposition(acts, W_dec, b_dec, flat, flat, skip)
+    parts.error = flat - parts.reconstruction()
+    return parts
 
 
 def residual_directions(model, sae: SAE) -> Float[Tensor, "d_sae d_model"]:
