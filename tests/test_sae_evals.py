@@ -111,7 +111,8 @@ def test_metrics_by_hand(model, tokens):
           for name, logits in (("sae", spliced), ("ablation", ablated))}
     expected = {"l0": (acts != 0).sum(-1).double().mean().item(), "l1": acts.sum(-1).mean().item(),
                 "mse": mse.item(), "explained_variance": 1 - (mse / centered).item(),
-                "ce_loss_without_sae": ce["clean"], "ce_loss_with_sae": ce["sae"], "ce_loss_with_ablation": ce["ablation"],
+                "ce_loss_without_sae": ce["clean"], "ce_loss_with_sae": ce["sae"],
+                "ce_loss_with_ablation": ce["ablation"],
                 "ce_loss_score": (ce["ablation"] - ce["sae"]) / (ce["ablation"] - ce["clean"]),
                 "kl_div_with_sae": kl["sae"], "kl_div_with_ablation": kl["ablation"],
                 "kl_div_score": (kl["ablation"] - kl["sae"]) / kl["ablation"]}

@@ -10,8 +10,8 @@ held-out part (``glassbox.interp.sae.evals.evaluate_sae``: L0, explained varianc
 recovered with the error term off against zero ablation, KL, dead fraction over the held-out tokens).
 
 DIR ends up holding ``sae/``, the SAE in SAELens's format (``cfg.json``, ``sae_weights.safetensors``;
-``glassbox.interp.sae.format.load_sae`` and SAELens's ``SAE.load_from_disk`` read it), ``evals.json``, ``train_sae_log.jsonl`` (one line per step), ``train_sae_settings.json`` and
-``checkpoint/``. DIR must be new or empty; ``--resume`` continues the run in DIR (the settings not
+``glassbox.interp.sae.format.load_sae`` and SAELens's ``SAE.load_from_disk`` read it), ``evals.json``,
+``train_sae_log.jsonl`` (one line per step), ``train_sae_settings.json`` and ``checkpoint/``. DIR must be new or empty; ``--resume`` continues the run in DIR (the settings not
 given are the run's; those given must be the run's; the text and model must be the same). Mistakes
 print one line ``glassbox train-sae: error: ...`` naming the argument, and exit 2.
 """
@@ -85,9 +85,12 @@ API_NAMES = {"hook": "hook_name"}
 def add_parser(sub) -> None:
     p = sub.add_parser("train-sae", help="train an SAE on a model's activations over a text file, "
                                          "evaluated as SAELens does")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model folder, shipped or hub model (default {DEFAULT_MODEL})")
-    p.add_argument("--text", required=True, help="a UTF-8 text file (its last --heldout-frac is held out for the evals)")
-    p.add_argument("--out", required=True, help="output folder: sae/ (the SAE in SAELens's format), evals.json, checkpoint/, the log")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"model folder, shipped or hub model (default {DEFAULT_MODEL})")
+    p.add_argument("--text", required=True,
+                   help="a UTF-8 text file (its last --heldout-frac is held out for the evals)")
+    p.add_argument("--out", required=True,
+                   help="output folder: sae/ (the SAE in SAELens's format), evals.json, checkpoint/, the log")
     for name, (kind, default, help_text) in SETTINGS.items():
         shown = help_text if default is None else f"{help_text} (default: {default:g})" \
             if isinstance(default, float) else f"{help_text} (default: {default})"
