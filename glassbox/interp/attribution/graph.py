@@ -85,10 +85,10 @@ class Graph:
 
     def edges(self, absolute: bool = True) -> list:
         """Every existing edge as (sender, receiver, score), best first (see the module docstring)."""
-        order = self._ranked(absolute)
-        flat = self.scores.reshape(-1).cpu()
+        order = self._ranked(absolute).tolist()
+        flat = self.scores.reshape(-1).cpu().tolist()
         n_r = len(self.receivers)
-        return [(self.senders[i // n_r], self.receivers[i % n_r], float(flat[i])) for i in order.tolist()]
+        return [(self.senders[i // n_r], self.receivers[i % n_r], flat[i]) for i in order]
 
     def _ranked(self, absolute: bool) -> Tensor:
         """Flat indices of the existing edges, by score descending, NaN last, ties in forward order."""
@@ -147,13 +147,15 @@ class Graph:
             s, r = (int(i) for i in torch.isinf(scores).nonzero()[0])
             raise ValueError(f"Graph.to_json: the score of ({self.senders[s]!r} -> {self.receivers[r]!r}) is "
                              "infinite, which JSON cannot hold")
-        circuit = self.in_circuit.cpu() if self.in_circuit is not None else None
+        circuit = self.in_circuit.cpu().tolist() if self.in_circuit is not None else None
+        values = scores.tolist()
         edges = []
         for s, r in self.edge_mask().cpu().nonzero().tolist():
-            value = float(scores[s, r])
-            edge = {"sender": self.senders[s], "receiver": self.receivers[r], "score": None if value != value else value}
+            value = values[s][r]
+            edge = {"sender": self.senders[s], "receiver": self.receivers[r],
+                    "score": None if value != value else value}
             if circuit is not None:
-                edge["in_circuit"] = bool(circuit[s, r])
+                edge["in_circuit"] = circuit[s][r]
             edges.append(edge)
         return {"format": JSON_FORMAT, "version": JSON_VERSION, "senders": list(self.senders),
                 "receivers": list(self.receivers), "nodes": self.nodes(), "edges": edges,
@@ -172,9 +174,9 @@ class Graph:
         check_names(senders, receivers)
         s_index = {n: i for i, n in enumerate(senders)}
         r_index = {n: i for i, n in enumerate(receivers)}
-        scores = torch.full((len(senders), len(receivers)), float("nan"), dtype=torch.float32)
+        scores = [[float("nan")] * len(receivers) for _ in senders]
         has_circuit = bool(data.get("has_circuit", False))
-        circuit = torch.zeros(scores.shape, dtype=torch.bool) if has_circuit else None
+        circuit = [[False] * len(receivers) for _ in senders] if has_circuit else None
         seen = set()
         for edge in data["edges"]:
             pair = (edge["sender"], edge["receiver"])
@@ -187,10 +189,13 @@ class Graph:
                 raise ValueError(f"{pair[0]!r} -> {pair[1]!r} is not an edge (the sender is not upstream)")
             s, r = s_index[pair[0]], r_index[pair[1]]
             if edge["score"] is not None:
-                scores[s, r] = float(edge["score"])
+                scores[s][r] = float(edge["score"])
             if circuit is not None:
-                circuit[s, r] = bool(edge.get("in_circuit", False))
-        return cls(senders, receivers, scores, dict(data.get("metadata", {})), circuit)
+                circuit[s][r] = bool(edge.get("in_circuit", False))
+        shape = (len(senders), len(receivers))
+        return cls(senders, receivers, torch.tensor(scores, dtype=torch.float32).reshape(shape),
+                   dict(data.get("metadata", {})),
+                   None if circuit is None else torch.tensor(circuit, dtype=torch.bool).reshape(shape))
 
     def save_json(self, path) -> None:
         """Write ``to_json()`` to ``path`` (strict JSON: no NaN or Infinity literals)."""
