@@ -65,7 +65,8 @@ def test_standard_by_hand():
     acts = sae.encode(x)
     want = pre_by_hand(sae, x).clamp_min(0)
     assert torch.equal(acts, want)
-    assert torch.allclose(sae.decode(acts), dec_by_hand(sae, want), rtol=0, atol=1e-12)  # float64 rounding
+    # measured 0 (values up to 31), bound 1e-13: 14 float64 ulps at 32
+    assert torch.allclose(sae.decode(acts), dec_by_hand(sae, want), rtol=0, atol=1e-13)
 
 
 @torch.no_grad()
@@ -84,10 +85,12 @@ def test_topk_by_hand(rescale):
             for f in order[:k]:
                 want[b, p, f] = max(float(pre[b, p, f]), 0.0)
     acts = sae.encode(x)
-    assert torch.allclose(acts, want, rtol=0, atol=1e-12)  # float64 rounding of one product
+    # measured 0 (values up to 26), bound 1e-13: 14 float64 ulps at 32
+    assert torch.allclose(acts, want, rtol=0, atol=1e-13)
     assert ((acts != 0).sum(-1) <= k).all() and ((acts != 0).sum(-1) >= 1).all()
     scaled = want / norms if rescale else want
-    assert torch.allclose(sae.decode(acts), dec_by_hand(sae, scaled), rtol=0, atol=1e-12)  # float64 rounding
+    # measured 1.8e-15 (values up to 28), bound 2e-14: 11x
+    assert torch.allclose(sae.decode(acts), dec_by_hand(sae, scaled), rtol=0, atol=2e-14)
 
 
 @torch.no_grad()
@@ -126,9 +129,11 @@ def test_batchtopk_rescaled_folds_the_norms_into_its_jumprelu_form():
     sae.topk_threshold.fill_(0.5)
     norms = sae.W_dec.norm(dim=-1)
     jr = sae.to_jumprelu()
-    assert torch.allclose(jr.W_dec.norm(dim=-1), torch.ones(D_SAE, dtype=torch.float64), atol=1e-12)  # float64
+    # measured 2.2e-16 (norms 1), bound 3e-15: 14x
+    assert torch.allclose(jr.W_dec.norm(dim=-1), torch.ones(D_SAE, dtype=torch.float64), atol=3e-15)
     pre = pre_by_hand(sae, x) * norms
-    assert torch.allclose(jr.encode(x), pre.relu() * (pre > 0.5), rtol=0, atol=1e-12)  # float64 rounding
+    # measured 7.1e-15 (values up to 26), bound 7e-14: 10x
+    assert torch.allclose(jr.encode(x), pre.relu() * (pre > 0.5), rtol=0, atol=7e-14)
 
 
 @torch.no_grad()
@@ -149,7 +154,8 @@ def test_gated_by_hand():
     gate = pre_by_hand(sae, x, b=sae.b_gate) > 0
     mag = pre_by_hand(sae, x, W=sae.W_enc * sae.r_mag.exp(), b=sae.b_mag).clamp_min(0)
     acts = sae.encode(x)
-    assert torch.allclose(acts, gate * mag, rtol=0, atol=1e-12)  # float64 rounding
+    # measured 0 (values up to 7.7), bound 3e-14: 17 float64 ulps at 8
+    assert torch.allclose(acts, gate * mag, rtol=0, atol=3e-14)
     assert acts.count_nonzero() > 0 and (acts == 0).any()
 
 
@@ -163,13 +169,16 @@ def test_transcoders_by_hand(arch):
     acts = pre.clamp_min(0)
     if "jumprelu" in arch:
         acts = acts * (pre > sae.threshold)
-    assert torch.allclose(sae.encode(x), acts, rtol=0, atol=1e-12)  # float64 rounding
+    # measured 0 (values up to 30), bound 1e-13: 14 float64 ulps at 32
+    assert torch.allclose(sae.encode(x), acts, rtol=0, atol=1e-13)
     out = dec_by_hand(sae, acts)
-    assert torch.allclose(sae.decode(acts), out, rtol=0, atol=1e-12)  # float64 rounding
+    # measured 0 (values up to 30), bound 1e-13: 14 float64 ulps at 32
+    assert torch.allclose(sae.decode(acts), out, rtol=0, atol=1e-13)
     if "skip" in arch:
         assert sae.W_skip.shape == (D_OUT, D_IN)
         out = out + torch.einsum("bpi,oi->bpo", x, sae.W_skip)
-    assert torch.allclose(sae(x), out, rtol=0, atol=1e-12)  # float64 rounding
+    # measured 0 (values up to 30), bound 1e-13: 14 float64 ulps at 32
+    assert torch.allclose(sae(x), out, rtol=0, atol=1e-13)
 
 
 def test_transcoder_refusals():
@@ -191,7 +200,8 @@ def test_hook_z_flattens_heads_head_major():
     assert torch.equal(sae.encode(z), want)
     out = sae(z)
     assert out.shape == z.shape
-    assert torch.allclose(out[..., 1, :], dec_by_hand(sae, want)[..., 5:10], rtol=0, atol=1e-12)  # float64
+    # measured 0 (values up to 18), bound 5e-14: 14 float64 ulps at 32
+    assert torch.allclose(out[..., 1, :], dec_by_hand(sae, want)[..., 5:10], rtol=0, atol=5e-14)
 
 
 @torch.no_grad()
@@ -207,8 +217,9 @@ def test_normalisations_by_hand(mode):
         xn, undo = (x - mu) / (sd + 1e-5), (lambda y: y * sd + mu)
     acts = sae.encode(x)
     want = pre_by_hand(sae, xn).clamp_min(0)
-    assert torch.allclose(acts, want, rtol=0, atol=1e-12)  # float64 rounding
-    assert torch.allclose(sae.decode(acts), undo(dec_by_hand(sae, want)), rtol=0, atol=1e-12)  # float64
+    assert torch.allclose(acts, want, rtol=0, atol=1e-14)  # measured 8.9e-16 (values up to 5.6), bound 1e-14: 11x
+    # measured 3.8e-15 (values up to 35), bound 4e-14: 11x
+    assert torch.allclose(sae.decode(acts), undo(dec_by_hand(sae, want)), rtol=0, atol=4e-14)
     with pytest.raises(RuntimeError, match="needs the encode of the same input"):
         sae.decode(acts)  # the coefficient was used by the decode above
     sae.encode(x[:1])
@@ -232,12 +243,14 @@ def test_fold_W_dec_norm_keeps_the_reconstruction(arch, kw):
     norms = sae.W_dec.norm(dim=-1).clone()
     assert (norms - 1).abs().max() > 0.1
     sae.fold_W_dec_norm()
-    assert torch.allclose(sae.W_dec.norm(dim=-1), torch.ones(D_SAE, dtype=torch.float64), rtol=0, atol=1e-12)
+    # measured 2.2e-16 (norms 1), bound 3e-15: 14x
+    assert torch.allclose(sae.W_dec.norm(dim=-1), torch.ones(D_SAE, dtype=torch.float64), rtol=0, atol=3e-15)
     assert torch.equal(sae.encode(x) != 0, before_acts != 0)
     # a rescaled TopK's activations are of pre * ||W_dec[f]|| already: the fold leaves them as they were
     scale = 1.0 if arch == "topk" else norms
-    assert torch.allclose(sae.encode(x), before_acts * scale, rtol=0, atol=1e-11)  # float64, values < 30
-    assert torch.allclose(sae(x), before, rtol=0, atol=1e-11)  # float64 rounding, values < 30
+    # measured 7.1e-15 (values up to 34), bound 7e-14: 10x
+    assert torch.allclose(sae.encode(x), before_acts * scale, rtol=0, atol=7e-14)
+    assert torch.allclose(sae(x), before, rtol=0, atol=1e-13)  # measured 1.1e-14 (values up to 31), bound 1e-13: 9x
 
 
 def test_fold_W_dec_norm_refused_for_topk_without_rescale():
@@ -259,7 +272,8 @@ def test_folding_input_normalisations():
     sae = make("standard")
     before = sae(x * 2.0) / 2.0  # trained on 2 x, reconstructing 2 x
     sae.fold_activation_norm_scaling_factor(2.0)
-    assert torch.allclose(sae(x), before, rtol=0, atol=1e-12)  # float64 rounding
+    # measured 0 (values up to 29), bound 1e-13: 14 float64 ulps at 32
+    assert torch.allclose(sae(x), before, rtol=0, atol=1e-13)
     bt = make("batchtopk", k=3.0, rescale_acts_by_decoder_norm=True)
     bt.topk_threshold.fill_(0.9)
     bt.fold_activation_norm_scaling_factor(3.0)  # W_dec / 3: pre * ||W_dec|| shrinks 3x, so does the threshold
