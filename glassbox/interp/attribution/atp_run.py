@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..patching.metrics import PositionMetric, VariantMetric
+from ..patching.user_hooks import readout_hooked
 from .nodes import NodeSpec, check_act, expected_shape
 
 
@@ -107,13 +108,20 @@ def corrupted_forward(model, tokens: Tensor, key_mask: Optional[Tensor], metric,
     scalar, the objective whose gradient is taken, name -> activation in the graph).
 
     The objective is the sum over prompts: prompts do not interact, so its gradient at prompt b's
-    activations is the gradient of prompt b's own metric."""
+    activations is the gradient of prompt b's own metric. A PositionMetric gets logits at its read
+    positions only (unless a hook sits on the final norm or the unembedding: then full logits)."""
     acts: dict = {}
     keep = keep_with_grad(acts)
     hooks = [(name, keep) for name in dict.fromkeys(grad_names)] + list(extra_hooks)
     with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
-        logits = model(tokens, attention_mask=key_mask)
-        values = metric(logits)
+        if isinstance(metric, PositionMetric) and not readout_hooked(model):
+            # Only the read positions are unembedded (and differentiated through the unembedding).
+            resid = model(tokens, attention_mask=key_mask, stop_at_layer=model.cfg.n_layers)
+            rows = torch.arange(tokens.shape[0], device=tokens.device)
+            read = resid[rows, metric.positions(tokens.shape[0], tokens.shape[1], tokens.device)][:, None]
+            values = metric.read(model.unembed(model.ln_final(read))[:, 0])
+        else:
+            values = metric(model(tokens, attention_mask=key_mask))
     name = getattr(metric, "name", getattr(metric, "__name__", "metric"))
     if isinstance(metric, VariantMetric):
         if not isinstance(values, Tensor) or values.numel() != 1:
