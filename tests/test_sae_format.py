@@ -211,7 +211,11 @@ def test_model_check_names_hook_and_widths(tmp_path):
     model = tiny_model()
     assert load_sae(write(tmp_path, "hook_z"), model=model).cfg.d_in == 24
     folder = write(tmp_path / "b", cfg_edit=lambda c: c["metadata"].update(hook_name="blocks.0.hook_nope"))
-    with pytest.raises(KeyError, match="reads at 'blocks.0.hook_nope', which this model does not have"):
+    with pytest.raises(KeyError, match="cfg.json: the SAE reads at 'blocks.0.hook_nope', which this model does not"):
+        load_sae(folder, model=model)
+    folder = write(tmp_path / "c", cfg_edit=lambda c: c["metadata"].update(hook_name="blocks.0.mlp.hook_post"))
+    with pytest.raises(ValueError, match="cfg.json: the SAE reads d_in=24 values per position at "
+                                         "blocks.0.mlp.hook_post, where the model has d_mlp = 40"):
         load_sae(folder, model=model)
     sae = make_sae(SAEConfig("standard", 40, 7, "blocks.0.hook_resid_mid"))
     with pytest.raises(ValueError, match="d_in=40 values per position at blocks.0.hook_resid_mid, where the "

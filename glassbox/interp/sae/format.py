@@ -233,7 +233,12 @@ def load_sae(folder: Union[str, Path], device: Union[str, torch.device, None] = 
         if fold is not None:
             fold(sae)
     if model is not None:
-        sae.check_fits(model)
+        try:
+            sae.check_fits(model)
+        except KeyError as e:
+            raise KeyError(f"{cfg_path}: {e.args[0]}") from None
+        except ValueError as e:
+            raise ValueError(f"{cfg_path}: {e}") from None
     return sae
 
 
