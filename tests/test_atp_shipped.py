@@ -17,7 +17,9 @@ right sign, 6x too small) and misses the previous-token head entirely (exact -7.
 wrong sign, 500x too small), since that head acts through the induction head's keys, a saturated
 softmax. Per key node, AtP's top 5 shares 2 nodes with the exact top 5; the QK fix of AtP* recovers
 all 5 and lifts rho from 0.70 to 0.99, though the largest node (exact -9.56) is still 5x too small
-under AtP* (-1.85; AtP: -0.008).
+under AtP* (-1.85; AtP: -0.008). GradDrop does not rescue the previous-token head: with 2 layers
+its score for a layer-0 node is the direct path's |estimate| alone (layer 1's writes dropped), and
+the head's effect is all indirect, through the induction head's saturated keys.
 """
 
 import pytest
@@ -88,6 +90,7 @@ def induction():
             atp=attribution_patch(model, clean, corrupted, metric, activation, axes).values - base,
             star=attribution_patch_star(model, clean, corrupted, metric, activation, axes,
                                         grad_drop=False).values - base)
+    out["grad_drop z"] = attribution_patch_star(model, clean, corrupted, metric, "z", ("layer", "head")).values
     return out
 
 
@@ -138,3 +141,11 @@ def test_qk_fix_on_the_keys_recovers_the_exact_ranking(induction):
     assert (layer, pos, head) == (1, T + 1, 0)
     assert -10.5 < exact[worst] < -9.0 and abs(atp[worst]) < 0.05 and -2.4 < star[worst] < -1.4
 
+
+
+def test_grad_drop_scores_per_head(induction):
+    exact, score = induction[("z", ("layer", "head"))]["exact"], induction["grad_drop z"]
+    print("\nAtP* with GradDrop per head |effect|:", [f"{v:.3f}" for v in score.flatten().tolist()])
+    assert score.min() >= 0
+    assert 1.2 < score[1, 0] < 2.4  # measured 1.71 (= mean |AtP| per prompt: I_0 is AtP, I_1 is 0)
+    assert score[0, 2] < 0.01 and exact[0, 2] < -6.0  # measured 0.001 against the exact -7.40
