@@ -184,7 +184,7 @@ class GradGate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, state, layer):
         ctx.state, ctx.layer = state, layer
-        return x.view_as(x)
+        return x.clone()  # a fresh tensor: later in-place edits downstream cannot touch the input
 
     @staticmethod
     def backward(ctx, grad):
