@@ -91,6 +91,11 @@ def induction():
             star=attribution_patch_star(model, clean, corrupted, metric, activation, axes,
                                         grad_drop=False).values - base)
     out["grad_drop z"] = attribution_patch_star(model, clean, corrupted, metric, "z", ("layer", "head")).values
+    for activation, axes in (("v", ("layer", "pos", "head")), ("mlp_out", ("layer", "pos")),
+                             ("resid_pre", ("layer", "pos"))):
+        out[(activation, axes)] = dict(
+            exact=activation_patch(model, corrupted, cache, metric, activation, axes).values - base,
+            atp=attribution_patch(model, clean, corrupted, metric, activation, axes).values - base)
     return out
 
 
@@ -149,3 +154,20 @@ def test_grad_drop_scores_per_head(induction):
     assert score.min() >= 0
     assert 1.2 < score[1, 0] < 2.4  # measured 1.71 (= mean |AtP| per prompt: I_0 is AtP, I_1 is 0)
     assert score[0, 2] < 0.01 and exact[0, 2] < -6.0  # measured 0.001 against the exact -7.40
+
+
+def test_residual_and_mlp_nodes_are_where_the_linear_estimate_ranks_worst(induction):
+    """Printed node type by node type; the residual stream and MLP outputs by position rank no better
+    than chance (their big effects run through the induction head's saturated pattern)."""
+    print("\nnode type            rho    top-5   largest |exact| / its AtP")
+    rhos = {}
+    for key in (("z", ("layer", "pos", "head")), ("k", ("layer", "pos", "head")), ("v", ("layer", "pos", "head")),
+                ("mlp_out", ("layer", "pos")), ("resid_pre", ("layer", "pos"))):
+        exact, atp = induction[key]["exact"].flatten(), induction[key]["atp"].flatten()
+        rhos[key[0]] = spearman(atp, exact)
+        worst = int(exact.abs().argmax())
+        print(f"  {key[0]:10s} {' '.join(key[1]):15s} {rhos[key[0]]:+.3f}  {top5_overlap(atp, exact)}/5  "
+              f"{exact[worst]:+.3f} / {atp[worst]:+.3f}")
+    assert 0.45 < rhos["v"] < 0.80  # measured 0.631
+    assert -0.25 < rhos["mlp_out"] < 0.25  # measured 0.003
+    assert -0.25 < rhos["resid_pre"] < 0.25  # measured 0.038
