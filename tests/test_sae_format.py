@@ -231,6 +231,9 @@ def test_model_check_names_hook_and_widths(tmp_path):
     with pytest.raises(ValueError, match="d_in=8 .* head x d_head = 24"):
         sae.check_fits(model)
     make_sae(SAEConfig("standard", 8, 7, "blocks.0.attn.hook_z")).check_fits(model)  # per head: d_head
+    with pytest.raises(ValueError, match="d_in=2 values per position at blocks.0.ln1.hook_scale, where the model "
+                                         "has 1$"):
+        make_sae(SAEConfig("standard", 2, 7, "blocks.0.ln1.hook_scale")).check_fits(model)
 
 
 def test_expected_average_only_in_folds_the_scaler_or_is_refused(tmp_path):

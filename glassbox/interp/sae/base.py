@@ -198,14 +198,16 @@ class SAE(HookedRootModule):
             except KeyError:
                 continue
             sizes = axis_sizes(model.cfg, 1, 1)
-            if any(a not in sizes for a in axes):
+            sizes.update({a: int(a) for a in axes if a.isdigit()})  # a literal axis ("batch pos 1")
+            if axes[:2] != ["batch", "pos"] or len(axes) < 3 or any(a not in sizes for a in axes):
                 continue
             flat = cfg.reshape_activations == "hook_z" and len(axes) >= 4
             have = sizes[axes[-1]] * (sizes[axes[-2]] if flat else 1)
             if have != width:
-                what = f"{axes[-2]} x {axes[-1]}" if flat else axes[-1]
+                what = f"{axes[-2]} x {axes[-1]} = {have}" if flat else \
+                    f"{axes[-1]} = {have}" if not axes[-1].isdigit() else str(have)
                 raise ValueError(f"the SAE {role} {'d_in' if role == 'reads' else 'd_out'}={width} values per "
-                                 f"position at {name}, where the model has {what} = {have}")
+                                 f"position at {name}, where the model has {what}")
 
     # -- decoder norms ---------------------------------------------------------------------------
     @torch.no_grad()
