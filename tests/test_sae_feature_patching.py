@@ -77,8 +77,10 @@ def test_feature_patch_equals_the_loop(model, prompts):
     name = "blocks.1.hook_resid_pre.hook_sae_acts_post"
     with model.saes([sae], use_error_term=True):
         _, clean_cache = model.run_with_cache(clean)
-        # a budget of 6 variants a pass: several passes
-        result = feature_patch(model, corrupted, clean_cache, metric, sae, features=FEATURES, memory_budget=2**17)
+        # a budget of about 6 variants a pass, and 3 bands by first position (those from position p on compute
+        # positions p: only, from the corrupted run's keys and values before p)
+        result = feature_patch(model, corrupted, clean_cache, metric, sae, features=FEATURES, memory_budget=2**17,
+                               bands=3)
         expected = loop(model, corrupted, metric, name, FEATURES, range(5), lambda act: clean_cache[name])
         whole = feature_patch(model, corrupted, clean_cache, metric, sae, ("feature",), features=FEATURES)
         expected_whole = loop(model, corrupted, metric, name, FEATURES, None, lambda act: clean_cache[name])
