@@ -123,6 +123,11 @@ def add_sae(model, sae: SAE, use_error_term: bool = False) -> None:
         if name not in model.hook_dict:
             raise KeyError(f"the SAE reads or writes at {name!r}, which this model does not have: "
                            + unknown_name_message(name, model.hook_dict))
+    for name in (cfg.hook_name, cfg.hook_out):
+        inside = [s for s in model.splices if name.startswith(s + ".")]
+        if inside:  # the spliced module calls its own points, so a splice put in place of one would never run
+            raise ValueError(f"{name!r} is a hook point of what is spliced at {inside[0]!r}; an SAE cannot be "
+                             "spliced inside another (hook its activations there instead)")
     if getattr(model, "cfg", None) is not None:  # widths from HOOK_SHAPES where it knows the hook, else at run time
         sae.check_fits(model)
     model_device = next(model.parameters()).device
