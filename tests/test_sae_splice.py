@@ -314,6 +314,8 @@ def test_bad_inputs_are_named(model, tokens):
     add_sae(model, sae)
     with pytest.raises(ValueError, match="already spliced"):
         add_sae(model, sae)
+    with pytest.raises(ValueError, match="cannot be spliced inside another"):
+        add_sae(model, StandardSAE(SAEConfig("standard", D_SAE, 5, "blocks.1.hook_resid_pre.hook_sae_acts_post")))
     model.reset_saes()
     with pytest.raises(KeyError, match="no SAE is spliced at 'blocks.0.hook_resid_pre'"):
         model.reset_saes(["blocks.0.hook_resid_pre"])
