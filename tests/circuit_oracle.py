@@ -21,7 +21,7 @@ FLAGS = ("use_attn_result", "use_split_qkv_input", "use_hook_mlp_in")
 
 def node_tables(cfg):
     """(senders, receivers): rows (name, hook, head index or None, forward key), by hand."""
-    n_kv = cfg.n_key_value_heads
+    n_kv = cfg.n_heads if cfg.ungroup_grouped_query_attention else cfg.n_key_value_heads
     grouped = n_kv != cfg.n_heads
     senders = [("input", "blocks.0.hook_resid_pre", None, (-1, 0))]
     receivers = []
@@ -104,11 +104,13 @@ def tiny(preset="gpt2", dtype=torch.float32, **changes):
     return model
 
 
-ARCHS = {"gpt2": {}, "modern-gqa": {"n_key_value_heads": 2, "d_head": 6}, "attn-only": {"attn_only": True}}
+ARCHS = {"gpt2": {}, "modern-gqa": {"n_key_value_heads": 2, "d_head": 6},
+         "modern-gqa-ungrouped": {"n_key_value_heads": 2, "d_head": 6, "ungroup_grouped_query_attention": True},
+         "attn-only": {"attn_only": True}}
 
 
 def model_for(arch, dtype=torch.float32):
-    preset = "modern" if arch == "modern-gqa" else "gpt2"
+    preset = "modern" if arch.startswith("modern") else "gpt2"
     return tiny(preset, dtype, **ARCHS[arch])
 
 

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from ..patching.metrics import PositionMetric, VariantMetric
 from . import edges
+from .graph import Graph
 
 DEFAULT_MEMORY_BUDGET = 2**30
 FLAGS = ("use_attn_result", "use_split_qkv_input", "use_hook_mlp_in")
@@ -158,18 +159,16 @@ def as_masks(model, edge_masks) -> tuple:
     """(bool [mask n_senders n_receivers] on the model's device, whether one mask was given)."""
     senders, receivers = edges.senders(model.cfg), edges.receivers(model.cfg)
     shape = (len(senders), len(receivers))
-    graphs = edge_masks if isinstance(edge_masks, (list, tuple)) else None
-    if graphs is None and hasattr(edge_masks, "in_circuit") and hasattr(edge_masks, "senders"):
+    graphs = list(edge_masks) if isinstance(edge_masks, (list, tuple)) else None
+    single = isinstance(edge_masks, Graph)
+    if single:
         graphs = [edge_masks]
-        single = True
-    else:
-        single = False
     if graphs is not None:
         if not graphs:
             raise ValueError("edge_masks is an empty list")
         stacked = []
         for i, graph in enumerate(graphs):
-            if not (hasattr(graph, "in_circuit") and hasattr(graph, "senders")):
+            if not isinstance(graph, Graph):
                 raise TypeError(f"edge_masks[{i}] is a {type(graph).__name__}; a list holds Graphs")
             if list(graph.senders) != senders or list(graph.receivers) != receivers:
                 raise ValueError(f"edge_masks[{i}]: the graph's senders/receivers are not this model's "
