@@ -66,17 +66,20 @@ def corrupted_metric(model, corrupted, metric) -> float:
         return metric(model(corrupted)).mean().item()
 
 
-def loop_value(model, clean, corrupted, metric, name: str, index: tuple) -> float:
-    """The metric (mean over prompts) of one full corrupted forward with act[:, *index] clean."""
+def clean_act(model, clean, name: str) -> torch.Tensor:
     with torch.no_grad():
         _, cache = model.run_with_cache(clean, names_filter=[name])
-        source = cache[name]
+    return cache[name]
 
-        def patch(act, hook):
-            act = act.clone()
-            act[(slice(None),) + index] = source[(slice(None),) + index]
-            return act
 
+def loop_value(model, source, corrupted, metric, name: str, index: tuple) -> float:
+    """The metric (mean over prompts) of one full corrupted forward with act[:, *index] = source's."""
+    def patch(act, hook):
+        act = act.clone()
+        act[(slice(None),) + index] = source[(slice(None),) + index]
+        return act
+
+    with torch.no_grad():
         return metric(model.run_with_hooks(corrupted, fwd_hooks=[(name, patch)])).mean().item()
 
 
@@ -140,7 +143,8 @@ def test_neurons_and_sae_features_by_full_name(model, prompts):
         neurons = atp_neurons_by_pos(model, clean, corrupted, metric)
         assert neurons.axes == ("layer", "pos", "neuron") and neurons.shape == (3, SEQ, SIZES["d_mlp"])
         name = f"blocks.{LAST}.mlp.hook_post"
-        want = torch.tensor([loop_value(model, clean, corrupted, metric, name, (pos, n))
+        source = clean_act(model, clean, name)
+        want = torch.tensor([loop_value(model, source, corrupted, metric, name, (pos, n))
                              for pos, n in [(last, n) for n in range(SIZES["d_mlp"])] + [(2, 5)]])
         got = torch.cat([neurons.values[LAST, last], neurons.values[LAST, 2, 5:6]])
         assert (want - base).abs().max() > 0.05  # measured 0.26
@@ -157,9 +161,10 @@ def test_neurons_and_sae_features_by_full_name(model, prompts):
             by_pos = attribution_patch(model, clean, corrupted, metric, feature, ("pos", "feature"))
             summed = attribution_patch(model, clean, corrupted, metric, feature, ("feature",),
                                        hook_axes=("pos", "feature"))
-            want = torch.tensor([loop_value(model, clean, corrupted, metric, feature, (last, f)) for f in range(23)]
-                                + [loop_value(model, clean, corrupted, metric, feature, (3, 5))])
-            whole = torch.tensor([loop_value(model, clean, corrupted, metric, feature, (slice(None), f))
+            source = clean_act(model, clean, feature)
+            want = torch.tensor([loop_value(model, source, corrupted, metric, feature, (last, f)) for f in range(23)]
+                                + [loop_value(model, source, corrupted, metric, feature, (3, 5))])
+            whole = torch.tensor([loop_value(model, source, corrupted, metric, feature, (slice(None), f))
                                   for f in (0, 10, 22)])
         finally:
             model.reset_saes()
