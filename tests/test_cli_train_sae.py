@@ -48,7 +48,9 @@ def test_folder_and_evals_are_those_of_the_saved_sae(run, text):
     bos = model.tokenizer.bos_token_id
     windows = torch.stack([torch.cat([torch.tensor([bos]), stream[i * 31:(i + 1) * 31]]) for i in range(6)])
     assert record["eval_windows"] == 6 and record["context_size"] == 32
-    assert evaluate_sae(model, sae, windows) == record["evals"]
+    expected = evaluate_sae(model, sae, windows, feature_density=True)
+    assert record["feature_density"] == expected.pop("feature_density") and len(record["feature_density"]) == 64
+    assert expected == record["evals"]
     assert record["evals"]["l0"] == 4.0 and record["evals"]["n_tokens"] == 6 * 31
     log = [json.loads(line) for line in (run / "train_sae_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3, 4]

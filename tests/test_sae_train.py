@@ -327,6 +327,17 @@ def test_bad_hook_is_refused_and_nothing_is_written(model, tokens, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_damaged_checkpoint_is_refused_naming_the_file(model, tokens, tmp_path):
+    from glassbox.train import CheckpointError
+
+    kw = small(steps=2, architecture="topk", k=3)
+    train_sae(model, tokens, HOOK, 40, out=tmp_path / "run", **kw)
+    state = tmp_path / "run" / "checkpoint" / "trainer_state.pt"
+    state.write_bytes(state.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="trainer_state.pt"):
+        train_sae(model, tokens, HOOK, 40, out=tmp_path / "run", resume=True, **kw)
+
+
 def test_run_folder_refusals(model, tokens, tmp_path):
     kw = small(steps=2, architecture="topk", k=3)
     train_sae(model, tokens, HOOK, 40, out=tmp_path / "run", **kw)

@@ -7,7 +7,9 @@ text). The SAE trains on the first part (``glassbox.train.sae.train_sae``: windo
 ``--context-size`` tokens starting with the BOS, activations at ``--hook`` through a shuffling
 buffer, the BOS and other special tokens left out) and is evaluated on consecutive windows of the
 held-out part (``glassbox.interp.sae.evals.evaluate_sae``: L0, explained variance, MSE, CE loss
-recovered with the error term off against zero ablation, KL, dead fraction over the held-out tokens).
+recovered with the error term off against zero ablation, KL, dead fraction over the held-out tokens);
+``evals.json`` holds them, the windows' count and size, and each feature's firing frequency over the
+held-out tokens (``feature_density``).
 
 DIR ends up holding ``sae/``, the SAE in SAELens's format (``cfg.json``, ``sae_weights.safetensors``;
 ``glassbox.interp.sae.format.load_sae`` and SAELens's ``SAE.load_from_disk`` read it), ``evals.json``,
@@ -182,9 +184,11 @@ def run(args) -> int:
                          "window; use a longer text or a larger --heldout-frac")
     with _as_flags(ValueError):
         evals = evaluate_sae(model, sae.to(next(model.parameters()).device), windows, batch_size=args.eval_batch_size,
-                             exclude_special_tokens=not args.include_special_tokens)
+                             exclude_special_tokens=not args.include_special_tokens, feature_density=True)
+    density = evals.pop("feature_density")
     record = {"evals": evals, "eval_windows": int(windows.shape[0]), "context_size": context,
-              "heldout_frac": args.heldout_frac, "model": args.model, "text": str(args.text)}
+              "heldout_frac": args.heldout_frac, "model": args.model, "text": str(args.text),
+              "feature_density": density}
     (out / "evals.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     print(f"held-out evals ({windows.shape[0]} windows, {evals['n_tokens']:,} tokens):")
     for name in ("l0", "explained_variance", "mse", "ce_loss_score", "ce_loss_without_sae", "ce_loss_with_sae",
