@@ -13,9 +13,10 @@ held-out tokens (``feature_density``).
 
 DIR ends up holding ``sae/``, the SAE in SAELens's format (``cfg.json``, ``sae_weights.safetensors``;
 ``glassbox.interp.sae.format.load_sae`` and SAELens's ``SAE.load_from_disk`` read it), ``evals.json``,
-``train_sae_log.jsonl`` (one line per step), ``train_sae_settings.json`` and ``checkpoint/``. DIR must be new or empty; ``--resume`` continues the run in DIR (the settings not
-given are the run's; those given must be the run's; the text and model must be the same). Mistakes
-print one line ``glassbox train-sae: error: ...`` naming the argument, and exit 2.
+``train_sae_log.jsonl`` (one line per step), ``train_sae_settings.json`` and ``checkpoint/``. DIR
+must be new or empty; ``--resume`` continues the run in DIR (the settings not given are the run's;
+those given must be the run's; the text and model must be the same). Mistakes print one line
+``glassbox train-sae: error: ...`` naming the argument, and exit 2.
 """
 
 import argparse
