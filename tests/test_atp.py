@@ -101,7 +101,8 @@ def test_equals_exact_patching_where_linear(model, prompts, activation, axes):
 
 
 @pytest.mark.parametrize("activation, axes", [("z", ("layer", "head")), ("z", ("layer", "pos", "head")),
-                                              ("v", ("layer", "pos", "head")), ("attn_out", ("layer", "pos"))])
+                                              ("v", ("layer", "pos", "head")), ("attn_out", ("layer", "pos")),
+                                              ("pattern", ("layer", "head", "query_pos"))])
 def test_equals_exact_patching_attention_only_last_layer(attn_only, prompts, activation, axes):
     clean, corrupted, metric = prompts
     with frozen_final_norm(attn_only):
