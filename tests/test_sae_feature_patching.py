@@ -167,3 +167,20 @@ def test_refusals(model, prompts):
         with pytest.raises(ValueError, match="'zero', 'mean'"):
             feature_ablate(model, corrupted, metric, sae, value="half")
     assert model.splices == {} and not model.has_hooks
+
+
+def test_mean_ablation_averages_the_unpadded_positions(model, prompts):
+    _, tokens = prompts
+    mask = torch.ones_like(tokens, dtype=torch.bool)
+    mask[1, 3:] = False  # the second prompt is 3 tokens long, right-padded
+    sae = make_sae("resid_pre", 6)
+    name = "blocks.1.hook_resid_pre.hook_sae_acts_post"
+    metric = LogitDiff(torch.tensor([3, 4]), torch.tensor([6, 7]), pos=torch.tensor([4, 2]))
+    with model.saes([sae], use_error_term=True):
+        acts = model.run_with_cache(tokens, attention_mask=mask)[1][name]
+        by_hand = torch.cat([acts[0], acts[1, :3]]).mean(0)  # 8 real positions
+        mean = feature_ablate(model, tokens, metric, sae, ("feature",), value="mean", attention_mask=mask)
+        given = feature_ablate(model, tokens, metric, sae, ("feature",), value=by_hand, attention_mask=mask)
+    assert (by_hand - acts.mean((0, 1))).abs().max() > 1e-3  # the padding would move a plain mean
+    # measured 3.6e-7 (values up to 2.2; the two means round differently), bound 5e-6: 14x
+    torch.testing.assert_close(mean.values, given.values, rtol=0, atol=5e-6)
