@@ -19,7 +19,10 @@ value captured at the read hook for a transcoder):
   upstream gradient is the reconstruction's only).
 - ``H.hook_sae_output`` fires on what the model carries on with.
 
-The SAE's parameters are not the model's; the SAE must be on the model's device. Several SAEs may be
+The SAE's parameters are not the model's; the SAE must be on the model's device (checked by add_sae,
+and at run time, where a model moved since names it). ``add_sae`` also refuses an SAE whose d_in (d_out)
+is not its hooks' width (``SAE.check_fits``, from HOOK_SHAPES; a hook the table does not know is checked
+when the SAE first reads it) and one put at a hook point of another spliced SAE. Several SAEs may be
 spliced at once, each at its own hook; adding one where another is spliced replaces it (as SAELens).
 """
 
