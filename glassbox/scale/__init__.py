@@ -5,8 +5,10 @@ SAELens's cached-activations layout. Ray and ``datasets`` are optional extras (`
 '.[scale]'``), imported only by the functions that need them.
 """
 
+from .corpus import ArrayWindows, DatasetWindows, dataset_windows, text_windows
+from .export import ExportJob, export
 from .job import BACKENDS, Job, ShardSpec, build_model, even_plan, run_job
 from .manifest import Manifest, load_manifest, verify
 
-__all__ = ["BACKENDS", "Job", "Manifest", "ShardSpec", "build_model", "even_plan", "load_manifest", "run_job",
-           "verify"]
+__all__ = ["ArrayWindows", "BACKENDS", "DatasetWindows", "ExportJob", "Job", "Manifest", "ShardSpec", "build_model",
+           "dataset_windows", "even_plan", "export", "load_manifest", "run_job", "text_windows", "verify"]
