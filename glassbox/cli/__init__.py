@@ -6,7 +6,7 @@ import sys
 
 from .errors import Parser, UsageError
 
-COMMANDS = ("demo", "parity", "attention", "train", "circuit", "train_sae")
+COMMANDS = ("demo", "parity", "attention", "train", "circuit", "train_sae", "export")
 
 
 def build_parser() -> Parser:
