@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from glassbox.interp.sae.architectures import TopKSAE
 from glassbox.interp.sae.base import StandardSAE
@@ -262,13 +263,22 @@ def test_resume_continues_bit_for_bit(model, tokens, tmp_path, architecture):
         assert torch.equal(value, resumed.state_dict()[name]), name
     logs = [(tmp_path / run / "train_sae_log.jsonl").read_text() for run in ("a", "b")]
     assert logs[0] == logs[1]
+    sparsity = [(tmp_path / run / "sae" / "sparsity.safetensors").read_bytes() for run in ("a", "b")]
+    assert sparsity[0] == sparsity[1]
     records = [json.loads(line) for line in logs[0].splitlines()]
     assert [r["step"] for r in records] == list(range(1, 9))
+    log10_freq = load_file(str(tmp_path / "a" / "sae" / "sparsity.safetensors"))["sparsity"]
+    window = torch.load(tmp_path / "a" / "checkpoint" / "trainer_state.pt", weights_only=True)["sparsity_window"]
     if architecture == "topk":
         assert any(r["aux_loss"] > 0 for r in records)  # AuxK ran on dead features
         assert all(r["l0"] == 3.0 for r in records)
+        # the whole run is the window (feature_sampling_window 2000 > 8 steps): the frequencies sum to
+        # L0 = k; measured 3.9e-8 after float32 log10 and back, bound 5e-7: 13x
+        assert window["tokens"] == 8 * 32
+        assert abs((10.0 ** log10_freq.double() - 1e-10).sum().item() - 3.0) < 5e-7
     else:
         assert sum(r.get("resampled", 0) for r in records) > 0  # resampling ran
+        assert window["tokens"] == 2 * 32  # windows of 3 steps, reset before steps 4 and 7: steps 7-8
     # a finished run resumed trains nothing and keeps the SAE
     again = train_sae(model, tokens, HOOK, 40, out=tmp_path / "a", resume=True, **kw)
     assert all(torch.equal(v, again.state_dict()[k]) for k, v in straight.state_dict().items())

@@ -6,8 +6,9 @@ With ``out=DIR`` the run keeps, in ``DIR``:
   ``resume=True`` refuses other settings, other data or another model;
 - ``checkpoint/`` (every ``checkpoint_every`` steps and at the end; see ``checkpoint.py``) and
   ``train_sae_log.jsonl`` (one JSON line per step: losses, L0, explained variance, lr, dead features);
-- at the end, ``sae/``: the SAE in SAELens's folder format (``cfg.json``, ``sae_weights.safetensors``),
-  which ``glassbox.interp.sae.format.load_sae`` and SAELens's ``SAE.load_from_disk`` read.
+- at the end, ``sae/``: the SAE in SAELens's folder format (``cfg.json``, ``sae_weights.safetensors``,
+  and ``sparsity.safetensors``: log10 firing frequencies over the last ``feature_sampling_window``
+  steps), which ``glassbox.interp.sae.format.load_sae`` and SAELens's ``SAE.load_from_disk`` read.
 ``DIR`` must be new or empty unless ``resume=True``, which continues from ``DIR/checkpoint``
 (bit-for-bit on the CPU; a run that stopped before its first checkpoint starts again) and drops the
 log lines past the checkpoint; resuming a finished run trains nothing and saves the SAE again.
@@ -152,7 +153,7 @@ def train_sae(model, text_or_tokens: Union[str, torch.Tensor], hook_name: str, d
     trim_log(out / LOG, trainer.step)
     trainer.run()
     sae = trainer.final_sae()
-    save_final(sae, out / SAE_FOLDER)
+    save_final(sae, out / SAE_FOLDER, sparsity=trainer.log_sparsity())
     return sae
 
 

@@ -20,7 +20,8 @@ from ...interp.sae.config import SAEConfig
 from ..checkpoint import (CONFIG_FILE, MODEL_FILE, STATE_FILE, CheckpointError, first_line, recover_checkpoint,
                           save_checkpoint)
 
-STATE_KEYS = ("step", "optimizer", "stream", "resample_rng", "steps_since_fired", "history", "train_config")
+STATE_KEYS = ("step", "optimizer", "stream", "resample_rng", "steps_since_fired", "sparsity_window", "history",
+              "train_config")
 
 
 def save_sae_checkpoint(folder: Union[str, Path], sae, trainer_state: dict) -> Path:
@@ -60,9 +61,10 @@ def load_sae_checkpoint(folder: Union[str, Path]) -> tuple:
     return cfg, state, trainer_state
 
 
-def save_final(sae, folder: Union[str, Path]) -> Path:
-    """Write ``sae`` to ``folder`` (replaced whole if it exists) in SAELens's format: ``cfg.json`` and
-    ``sae_weights.safetensors`` (``glassbox.interp.sae.format.save_sae``)."""
+def save_final(sae, folder: Union[str, Path], sparsity=None) -> Path:
+    """Write ``sae`` to ``folder`` (replaced whole if it exists) in SAELens's format: ``cfg.json``,
+    ``sae_weights.safetensors`` and, given ``sparsity`` [d_sae] (log10 firing frequencies),
+    ``sparsity.safetensors`` (``glassbox.interp.sae.format.save_sae``)."""
     from ...interp.sae.format import save_sae
 
-    return save_sae(sae, folder, overwrite=True)
+    return save_sae(sae, folder, sparsity=sparsity, overwrite=True)

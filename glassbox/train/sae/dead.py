@@ -21,19 +21,37 @@ from ...interp.sae.base import SAE
 
 
 class DeadFeatures:
-    """``steps_since_fired`` [d_sae] on the SAE's device; ``update`` after every step."""
+    """``steps_since_fired`` [d_sae] on the SAE's device; ``update`` after every step.
+
+    Also each feature's firing count over the tokens of the current sparsity window (SAELens's
+    ``act_freq_scores``, reset by ``reset_window`` every ``feature_sampling_window`` steps), whose
+    ``log_sparsity`` is what SAELens saves as ``sparsity.safetensors``."""
 
     def __init__(self, d_sae: int, window: int, device):
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"dead_feature_window must be a whole number >= 1, got {window!r}")
         self.window = window
         self.steps_since_fired = torch.zeros(d_sae, dtype=torch.long, device=device)
+        self.fire_counts = torch.zeros(d_sae, dtype=torch.long, device=device)
+        self.window_tokens = 0
 
     @torch.no_grad()
     def update(self, feature_acts: Tensor) -> None:
-        fired = (feature_acts != 0).any(dim=0)
+        firing = feature_acts != 0
+        fired = firing.any(dim=0)
         self.steps_since_fired += 1
         self.steps_since_fired[fired] = 0
+        self.fire_counts += firing.sum(dim=0)
+        self.window_tokens += feature_acts.shape[0]
+
+    def reset_window(self) -> None:
+        self.fire_counts.zero_()
+        self.window_tokens = 0
+
+    def log_sparsity(self) -> Tensor:
+        """log10 of each feature's firing frequency over the window (+1e-10, as SAELens), on the CPU."""
+        freq = self.fire_counts.double().cpu() / max(self.window_tokens, 1)
+        return torch.log10(freq + 1e-10).float()
 
     def mask(self) -> Tensor:
         return self.steps_since_fired > self.window

@@ -6,7 +6,8 @@ L1 whose coefficient warms up linearly from 0 over ``l1_warmup_steps``); Adam (b
 weight decay), gradient-norm clipping at 1.0, the learning rate ``lr`` after a linear warm-up over
 ``lr_warmup_steps`` and with a linear decay to 0 over the last ``lr_decay_steps`` (both 0 by
 default: SAELens's constant schedule); the dead-feature counters of ``dead.py``, and for a ReLU SAE
-resampling of its dead features every ``feature_sampling_window`` steps.
+resampling of its dead features every ``feature_sampling_window`` steps, which is also the window of
+the firing frequencies saved as SAELens's ``sparsity.safetensors`` (0: the whole run).
 
 Initialisation (SAELens's training SAEs): decoder rows Kaiming-uniform, then scaled to norm
 ``decoder_init_norm`` (0.1); ``W_enc = W_dec^T``; biases zero; drawn from a CPU generator seeded by
@@ -245,6 +246,8 @@ class SAETrainer:
     def train_step(self) -> dict:
         cfg, sae = self.config, self.sae
         sae.train()
+        if self.step > 0 and cfg.feature_sampling_window and self.step % cfg.feature_sampling_window == 0:
+            self.dead.reset_window()  # SAELens's sparsity window: the last one is never reset
         lr = cfg.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -272,6 +275,10 @@ class SAETrainer:
                                       record["explained_variance"]])
         return record
 
+    def log_sparsity(self) -> torch.Tensor:
+        """[d_sae] log10 firing frequencies over the last sparsity window (SAELens's sparsity file)."""
+        return self.dead.log_sparsity()
+
     def final_sae(self) -> SAE:
         """A copy of the SAE with unit decoder rows (``losses.fold_decoder_norms``), in eval mode."""
         sae = copy.deepcopy(self.sae).eval()
@@ -282,7 +289,9 @@ class SAETrainer:
     def state(self) -> dict:
         return {"step": self.step, "optimizer": self.optimizer.state_dict(), "stream": self.stream.state(),
                 "resample_rng": self.resample_rng.get_state(),
-                "steps_since_fired": self.dead.steps_since_fired.cpu().clone(), "history": self.history,
+                "steps_since_fired": self.dead.steps_since_fired.cpu().clone(),
+                "sparsity_window": {"counts": self.dead.fire_counts.cpu().clone(), "tokens": self.dead.window_tokens},
+                "history": self.history,
                 "train_config": dataclasses.asdict(self.config)}
 
     def save(self, folder) -> Path:
@@ -313,6 +322,9 @@ class SAETrainer:
             if tuple(since.shape) != (config.d_sae,):
                 raise ValueError(f"steps_since_fired has shape {tuple(since.shape)}, not ({config.d_sae},)")
             trainer.dead.steps_since_fired.copy_(since)
+            window = state["sparsity_window"]
+            trainer.dead.fire_counts.copy_(window["counts"])
+            trainer.dead.window_tokens = int(window["tokens"])
             step, history = int(state["step"]), state["history"]
             if not 0 <= step <= config.steps or set(history) != {"train"}:
                 raise ValueError(f"step {step} of {config.steps} with history keys {sorted(history)}")
