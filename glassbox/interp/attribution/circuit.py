@@ -25,7 +25,7 @@ How it runs: one corrupted forward keeps every sender's output [sender prompt po
 passes over the clean input with ``V`` circuits stacked along the batch axis (row ``v * n_prompts +
 b`` is prompt b in circuit v, ``V`` sized by ``memory_budget``), in which each sender's hook stores
 its difference from the corrupted output and each receiver's hook subtracts the out-of-circuit
-differences (one einsum per hook point). The differences are kept in float32 (float64 for a float64
+differences (one batched matmul per hook point). The differences are kept in float32 (float64 for a float64
 model), so a half-precision model's corrections are not rounded twice.
 
 Hooks and flags: the per-head input hooks need ``use_split_qkv_input``, ``use_hook_mlp_in`` and
@@ -283,27 +283,28 @@ class CircuitRun:
         """One clean forward of ``V = weights.shape[0]`` circuits: [V prompt] (or [V 1]) metric values."""
         V, P, T = weights.shape[0], self.n_prompts, self.seq_len
         S, d = len(self.senders), self.model.cfg.d_model
-        diffs = torch.empty((S, V, P, T, d), dtype=self.store, device=self.device)
+        # Circuit-major, so that a receiver's upstream senders are one contiguous [n_up, P*T*d] block
+        # per circuit and its correction is one batched matmul, with no copy of the differences.
+        diffs = torch.empty((V, S, P, T, d), dtype=self.store, device=self.device)
         corrupted = self.corrupted
 
         def sender(act: Tensor, hook) -> None:
             start, count = self.sender_slots[hook.name]
             if count is None:
-                diffs[start] = act.view(V, P, T, d) - corrupted[start]
+                diffs[:, start] = act.view(V, P, T, d) - corrupted[start]
             else:
-                current = act.view(V, P, T, count, d).permute(3, 0, 1, 2, 4)
-                diffs[start: start + count] = current - corrupted[start: start + count, None]
+                current = act.view(V, P, T, count, d).permute(0, 3, 1, 2, 4)
+                diffs[:, start: start + count] = current - corrupted[start: start + count]
 
-        # Each receiver hook's weights [V n_up k], sliced once per pass.
-        sliced = {hook: (weights[:, :n_up][:, :, cols], n_up, per_head)
+        # Each receiver hook's weights [V k n_up] (1 where the edge is corrupted), sliced once per pass.
+        sliced = {hook: (weights[:, :n_up][:, :, cols].transpose(1, 2), n_up, per_head)
                   for hook, (cols, n_up, per_head) in self.receiver_slots.items()}
 
         def receiver(act: Tensor, hook) -> Tensor:
             w, n_up, per_head = sliced[hook.name]
+            delta = torch.bmm(w, diffs[:, :n_up].view(V, n_up, P * T * d))  # [V k P*T*d]
             if per_head:
-                delta = torch.einsum("svbtd,vsk->vbtkd", diffs[:n_up], w)
-            else:
-                delta = torch.einsum("svbtd,vs->vbtd", diffs[:n_up], w[:, :, 0])
+                delta = delta.view(V, -1, P, T, d).permute(0, 2, 3, 1, 4)  # [V P T k d]
             return act - delta.reshape(act.shape).to(act.dtype)
 
         final = {}
