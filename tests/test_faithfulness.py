@@ -16,6 +16,7 @@ from glassbox.interp.attribution.faithfulness import (MIB_FRACTIONS, edge_counts
                                                       trapezoid)
 from glassbox.interp.attribution.graph import Graph
 from glassbox.interp.patching import LogitDiff
+from glassbox.models import Config
 
 METRIC = LogitDiff(torch.tensor([3, 17, 5]), torch.tensor([29, 8, 11]))
 
@@ -46,7 +47,10 @@ def test_the_areas_and_the_ratio_by_hand():
 
 
 def test_sizes_as_fractions_count_edges_like_mib_and_ints_are_counts():
-    counts, fractions = edge_counts(MIB_FRACTIONS, 32491)  # GPT-2 small's edge count in MIB
+    cfg = Config(d_model=768, n_layers=12, n_heads=12, d_vocab=50257, n_ctx=1024)  # GPT-2 small's shape
+    n_edges = int(edges.edge_mask_for(edges.senders(cfg), edges.receivers(cfg)).sum())
+    assert n_edges == 32491  # MIB's published edge count of GPT-2 small (its EDGE_COUNTS["gpt2"])
+    counts, fractions = edge_counts(MIB_FRACTIONS, n_edges)
     assert counts == [32, 64, 162, 324, 649, 1624, 3249, 6498, 16245, 32491]
     assert fractions == list(MIB_FRACTIONS)
     assert edge_counts([0, 3, 10], 40) == ([0, 3, 10], [0.0, 0.075, 0.25])
