@@ -193,6 +193,8 @@ class SAE(HookedRootModule):
         for role, name, width in (("reads", cfg.hook_name, cfg.d_in), ("writes", cfg.hook_out, cfg.d_output)):
             if name not in hooks:
                 raise KeyError(f"the SAE {role} at {name!r}, which this model does not have")
+            if getattr(model, "cfg", None) is None:
+                continue  # a hooked module without a glassbox config: widths are checked at run time
             try:
                 axes = hook_shape(name, getattr(model, "hook_flags", None), model.cfg).split()
             except KeyError:
