@@ -131,3 +131,23 @@ def test_card_numbers_recompute_from_its_eval(evals):
     dead = card_value("dead fraction")
     assert dead.startswith(f"{result['dead_fraction']:.4f} ({result['n_dead']} of 1,024")
 
+
+
+def test_the_demo_finds_it_with_the_held_out_text(model, sae, tmp_path):
+    from glassbox.cli import build_parser
+    from glassbox.cli.demo import feature_inputs
+    from glassbox.interp.report_features import feature_section
+    from glassbox.train.data import split_text
+
+    found, text = feature_inputs(model)
+    assert isinstance(found, TopKSAE) and torch.equal(found.W_dec, sae.W_dec)
+    assert text == split_text(Path("data/austen.txt").read_text(encoding="utf-8"), 0.05)[1]
+    assert build_parser().parse_args(["demo", "--no-features"]).no_features
+
+    tokens = model.to_tokens("Elizabeth read the letter again. Elizabeth read the")
+    letter, garden = model.to_single_token(" letter"), model.to_single_token(" garden")
+    summary, caption, _ = feature_section(model, sae, tokens, letter, garden, " letter", " garden", tmp_path)
+    acts = sae.encode(model.run_with_cache(tokens)[1][HOOK][0, -1])
+    assert [r["feature"] for r in summary["top_features"]] == acts.topk(5).indices.tolist()
+    assert summary["l0"] == 32.0 and summary["error_term_max_abs_logit_change"] == 0.0
+    assert caption.startswith("topk SAE at blocks.1.hook_resid_pre (1,024 features, k=32). On the prompt: L0 32.0")

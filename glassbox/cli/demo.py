@@ -6,6 +6,10 @@ from the defaults (" letter", " garden", the Elizabeth prompt); where the model'
 express a default as one token, or the default prompt does not fit the model's context, the command
 chooses single-token words of that tokenizer and a shorter prompt instead, and prints what it chose.
 A value the user gives that cannot work is an error naming it.
+
+Where glassbox ships an SAE of the model (``glassbox/assets/saes``; glassbox-austen has one), the
+report gains a feature section, and, in a source checkout (which has data/austen.txt), the feature
+dashboard of its features on the held-out text, DIR/features.html; ``--no-features`` leaves it out.
 """
 
 import functools
@@ -22,7 +26,7 @@ HELDOUT_FRAC = 0.05  # the share of data/austen.txt held out from the shipped mo
 def add_parser(sub) -> None:
     from ..interp.report import DEFAULT_ANSWER, DEFAULT_DISTRACTOR, DEFAULT_PROMPT
 
-    p = sub.add_parser("demo", help="parity, attention, heads, logit lens and patching in one report")
+    p = sub.add_parser("demo", help="parity, attention, heads, logit lens, patching and features in one report")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"hub name (gpt2, ...; from the hub or the local Hugging Face cache), folder "
                         f"(save_pretrained, glassbox train) or shipped model (default {DEFAULT_MODEL})")

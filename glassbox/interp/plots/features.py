@@ -383,7 +383,7 @@ def dashboard_page(model, sae, data: DashboardData, ranked: bool = True, path: O
     """The page of ``data`` (from ``feature_summaries``)."""
     title = title or f"features of the SAE at {sae.cfg.hook_name}"
     to_div = lambda fig, div_id: fig.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False,
-                                             div_id=div_id, config={"displayModeBar": False})
+                                             div_id=div_id, config={"displayModeBar": False, "responsive": True})
     parts = [STYLE, f'<p class="caption" id="caption">{html.escape(header_caption(model, sae, data, ranked))}</p>']
     for s in data.features:
         contexts = "\n".join(context_html(c, s.max_act) for c in s.contexts) or "<p>never active on this text</p>"
