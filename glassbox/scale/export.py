@@ -30,6 +30,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from ..interp.cache import run_with_cache
+from ..models.hook_shapes import hook_shape
 from .job import SCALE_EXTRA, ShardSpec, even_plan
 
 ACT_DTYPES = ("float16", "float32", "float64")
@@ -104,6 +105,14 @@ class ExportJob:
         if missing:
             raise KeyError(f"the model has no hook {missing[0]!r} (hooks: {', '.join(self.hooks)}); e.g. "
                            f"{', '.join(list(model.hook_dict)[:4])}")
+        for hook in self.hooks:
+            try:
+                shape = hook_shape(hook, cfg=model.cfg)
+            except KeyError:
+                continue  # not in the table (an added hook point): its shape is checked on the first batch
+            if not shape.startswith("batch pos ") or len(shape.split()) > 4:
+                raise ValueError(f"hook {hook!r} has shape [{shape}]; an export stores [batch pos d] or "
+                                 "[batch pos head d_head] hooks")
 
     def activations(self, model, tokens: torch.Tensor) -> dict:
         """``{hook: float [batch pos d_in]}`` on the CPU in ``act_dtype``, for one batch of windows."""
@@ -114,9 +123,9 @@ class ExportJob:
         out = {}
         for hook in self.hooks:
             act = cache[hook]
-            if act.ndim == 4:
+            if act.ndim in (3, 4) and tuple(act.shape[:2]) == tuple(tokens.shape):
                 act = act.reshape(*act.shape[:2], -1)
-            if act.ndim != 3 or tuple(act.shape[:2]) != tuple(tokens.shape):
+            else:
                 raise ValueError(f"hook {hook!r} has shape {tuple(act.shape)}; an export stores [batch pos d] "
                                  "or [batch pos head d_head] hooks")
             out[hook] = act
