@@ -3,7 +3,9 @@
 ``build_report(model, prompt, answer, distractor, out_dir)`` writes ``out_dir/index.html`` (one
 offline page: a section per study, each a caption with its key numbers above its plotly figure) and
 ``out_dir/summary.json`` (every number shown, and the captions), and returns the summary. With an
-SAE of the model (``sae=``) it adds a feature section (``report_features``). The patching story is induction: the prompt repeats a phrase, the clean run saw ``answer``
+SAE of the model (``sae=``) it adds a feature section (``report_features``).
+
+The patching story is induction: the prompt repeats a phrase, the clean run saw ``answer``
 after its first occurrence, the corrupted run sees ``distractor`` there instead, and the metric is
 the normalised logit difference (answer - distractor) at the last position.
 
@@ -234,7 +236,8 @@ def build_report(model: HookedTransformer, prompt: str, answer: str, distractor:
          table_figure(["stage", "max |Δ|", "max |ref|"],
                       [[r.stage, f"{r.max_abs_diff:.2e}", f"{r.max_abs_ref:.2e}"] for r in parity],
                       "parity with transformers (same weights, eager attention)")),
-        ("attention", captions["attention"], attention_selector(patterns, str_tokens, title="attention patterns of the prompt")),
+        ("attention", captions["attention"],
+         attention_selector(patterns, str_tokens, title="attention patterns of the prompt")),
         ("previous-token", captions["previous-token"],
          scores_figure(previous, "previous-token score of each head (on the prompt)")),
         ("induction", captions["induction"],

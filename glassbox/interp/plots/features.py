@@ -37,7 +37,8 @@ from torch import Tensor, nn
 from .common import escape, go
 from .html import PAGE, plotly_js
 
-RESID_HOOK = re.compile(r"^(hook_embed|hook_pos_embed|blocks\.\d+\.hook_(resid_pre|resid_mid|resid_post|attn_out|mlp_out))$")
+RESID_HOOK = re.compile(r"^(hook_embed|hook_pos_embed|"
+                        r"blocks\.\d+\.hook_(resid_pre|resid_mid|resid_post|attn_out|mlp_out))$")
 Z_HOOK = re.compile(r"^blocks\.(\d+)\.attn\.hook_z$")
 MLP_POST_HOOK = re.compile(r"^blocks\.(\d+)\.mlp\.hook_post$")
 LAYER_OF = re.compile(r"^blocks\.(\d+)\.")
@@ -68,7 +69,8 @@ def check_tokens(model, tokens) -> Tensor:
     if tokens.numel() == 0:
         raise ValueError("tokens must hold at least one token")
     if int(tokens.min()) < 0 or int(tokens.max()) >= model.cfg.d_vocab:
-        raise ValueError(f"tokens must be ids in [0, {model.cfg.d_vocab}), got {int(tokens.min())}..{int(tokens.max())}")
+        raise ValueError(f"tokens must be ids in [0, {model.cfg.d_vocab}), got "
+                         f"{int(tokens.min())}..{int(tokens.max())}")
     return tokens.to(model.W_U.device)
 
 
