@@ -3,6 +3,7 @@
 Imports neither Ray nor ``datasets`` (a job's ``run_shard`` may import what it writes with).
 """
 
+import shutil
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -43,11 +44,18 @@ def run_local(job, out_dir: Path, *, resume: bool = False, progress: bool = True
         for spec in pending:
             tmp = manifest.tmp_dir(spec)
             began = time.perf_counter()
-            entry = job.run_shard(model, spec, tmp)
-            manifest.commit(spec, tmp, dict(entry), wall_s=time.perf_counter() - began, worker="local")
+            try:
+                entry = job.run_shard(model, spec, tmp)
+                manifest.commit(spec, tmp, dict(entry), wall_s=time.perf_counter() - began, worker="local")
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)  # a shard that raised leaves nothing (a kill leaves .tmp/)
+                raise
             if bar is not None:
                 bar.update(shard_weight(job, spec))
                 bar.set_postfix_str(f"shards {len(manifest.plan) - len(manifest.pending())}/{len(manifest.plan)}")
+    except BaseException:
+        manifest.discard_if_empty()
+        raise
     finally:
         if bar is not None:
             bar.close()

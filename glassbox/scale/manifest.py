@@ -17,6 +17,10 @@ recorded sizes and sha256 (re-hashing every byte: a resume reads the whole expor
 rest (a corrupted shard is recomputed). The job recorded must equal the job given (kind, parameters,
 model spec, plan), else it is refused, naming the field that differs.
 
+A new job's ``manifest.json`` appears with its first committed shard; a job that fails before any
+commit leaves nothing behind once the runner calls ``discard_if_empty``, so the same command can be run
+again without ``resume``.
+
 Footgun: one process (the driver) owns the manifest; workers only fill temporary folders.
 """
 
@@ -174,6 +178,7 @@ class Manifest:
             raise FileExistsError(f"out_dir {out_dir} is not empty ({', '.join(present[:5])}) and holds no "
                                   f"glassbox job; choose a new or empty folder")
         self = cls(out_dir, header, {})
+        self.created = not out_dir.exists()
         out_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(out_dir / TMP, ignore_errors=True)
         for index, entry in sorted(entries.items()):
@@ -187,8 +192,20 @@ class Manifest:
             for folder in (out_dir / SHARDS).iterdir():
                 if folder.name not in kept:
                     shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
-        self._write()
+        if entries:  # a new job's manifest is written by its first commit
+            self._write()
         return self
+
+    def discard_if_empty(self) -> None:
+        """After a failure before any commit: remove what ``open`` made, so the same command can run again."""
+        if self._entries or self.path.exists():
+            return
+        shutil.rmtree(self.out_dir / TMP, ignore_errors=True)
+        shards = self.out_dir / SHARDS
+        if shards.is_dir() and not any(shards.iterdir()):
+            shards.rmdir()
+        if self.created and self.out_dir.is_dir() and not any(self.out_dir.iterdir()):
+            self.out_dir.rmdir()
 
     @property
     def path(self) -> Path:
