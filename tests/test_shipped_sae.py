@@ -65,6 +65,18 @@ def test_loads_as_the_card_says(sae, model):
     assert shipped_sae_folder(model) == FOLDER and isinstance(shipped_sae(model), TopKSAE)
 
 
+def test_only_the_weights_it_was_trained_on_get_it(model):
+    from glassbox.interp.report_features import weights_digest
+    from glassbox.train.sae.api import digest
+
+    assert weights_digest(model) == digest(p for _, p in sorted(model.state_dict().items()))
+    other = HookedTransformer.from_pretrained("glassbox-austen")
+    with torch.no_grad():
+        other.blocks[0].mlp.b_out[3] += 1e-3
+    assert other.cfg.model_name == "glassbox-austen" and shipped_sae_folder(other) is None
+    assert shipped_sae_folder(HookedTransformer.from_pretrained("glassbox-austen", dtype=torch.float64)) is None
+
+
 def test_splices_into_the_shipped_model_exactly_with_the_error_term(sae, model):
     tokens = model.to_tokens("Elizabeth read the letter again, and then walked to the window.")
     clean_logits, clean = model.run_with_cache(tokens)

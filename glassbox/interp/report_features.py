@@ -13,9 +13,10 @@ Its figure is those features' activations at every position of the prompt. With 
 feature dashboard of those features on that text is written beside the report (``features.html``).
 
 ``shipped_sae(model)`` finds the SAE shipped with glassbox for a model (``glassbox/assets/saes/*``, by
-the model name and width in its ``cfg.json``), or None.
+the model name and width in its ``cfg.json`` and the SHA-256 of the weights it was trained on), or None.
 """
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Optional
@@ -31,13 +32,30 @@ def shipped_saes() -> list:
     return sorted(p.parent for p in SAES_DIR.glob("*/cfg.json")) if SAES_DIR.is_dir() else []
 
 
+def weights_digest(model) -> str:
+    """SHA-256 of the model's state dict (sorted by name, raw bytes): what ``glassbox train-sae``
+    records as ``model_sha256`` in train_sae_settings.json."""
+    h = hashlib.sha256()
+    for _, tensor in sorted(model.state_dict().items()):
+        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def shipped_sae_folder(model) -> Optional[Path]:
-    """The shipped SAE folder whose cfg.json names this model (``metadata.model_name``) and width, or None."""
+    """The shipped SAE folder whose cfg.json names this model (``metadata.model_name``), its width and a
+    hook it has, and whose train_sae_settings.json records exactly these weights (a model of the same
+    name with other weights, or in another dtype, gets none); or None."""
+    digest = None
     for folder in shipped_saes():
         cfg = json.loads((folder / "cfg.json").read_text(encoding="utf-8"))
         meta = cfg.get("metadata", {})
-        if meta.get("model_name") == model.cfg.model_name and cfg.get("d_in") == model.cfg.d_model \
-                and meta.get("hook_name") in model.hook_dict:
+        if meta.get("model_name") != model.cfg.model_name or cfg.get("d_in") != model.cfg.d_model \
+                or meta.get("hook_name") not in model.hook_dict:
+            continue
+        settings = folder / "train_sae_settings.json"
+        recorded = json.loads(settings.read_text(encoding="utf-8")).get("model_sha256") if settings.is_file() else None
+        digest = digest or weights_digest(model)
+        if recorded == digest:
             return folder
     return None
 
