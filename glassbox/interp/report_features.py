@@ -110,7 +110,8 @@ def feature_section(model, sae, tokens, answer_id: int, distractor_id: int, answ
     if features:
         def zero_one_each(value, hook):  # row i loses feature features[i] at the last token
             value = value.clone()
-            value[torch.arange(len(features)), -1, torch.tensor(features)] = 0.0
+            rows = torch.arange(len(features), device=value.device)
+            value[rows, -1, torch.tensor(features, device=value.device)] = 0.0
             return value
 
         batch = tokens.expand(len(features), -1)
