@@ -213,3 +213,58 @@ def test_bad_export_arguments_are_refused(setup):
     with pytest.raises(ValueError, match="fewer than one window"):
         (root / "short.txt").write_text("Hi")
         text_windows(root / "short.txt", model.tokenizer, CONTEXT)
+
+
+def test_an_export_killed_mid_write_resumes_to_the_same_bytes(setup, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root, spec, model, windows = setup
+    clean = exported(root, spec, windows, "clean_for_kill", model, shard_size=2 * BATCH)
+    out, marker = tmp_path / "killed", tmp_path / "marker"
+    # The child writes shard 1's first batch, then stops inside its second: a half-written arrow file.
+    script = f"""
+import time
+from pathlib import Path
+from glassbox.scale import ExportJob, run_job, text_windows
+from glassbox.weights import from_pretrained
+
+class Slow(ExportJob):
+    def activations(self, model, tokens):
+        if self.calls == 3:
+            Path({str(marker)!r}).write_text("mid-shard")
+            time.sleep(600)
+        self.calls += 1
+        return super().activations(model, tokens)
+
+model = from_pretrained({spec['name_or_path']!r})
+job = Slow({spec!r}, text_windows({str(root / 'corpus.txt')!r}, model.tokenizer, {CONTEXT}), {HOOKS!r},
+           batch_size={BATCH}, shard_size={2 * BATCH})
+job.calls = 0
+run_job(job, {str(out)!r}, model=model, progress=False)
+"""
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1])
+    try:
+        deadline = time.time() + 120
+        while not marker.exists():
+            assert child.poll() is None, "the export ended before the kill"
+            assert time.time() < deadline, "the export never reached shard 1's second batch"
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait(30) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert sorted(load_manifest(out)["shards"]) == ["0"]
+    (half,) = list((out / ".tmp").iterdir())
+    assert half.name.startswith("shard_00001.") and (half / "data-00000-of-00001.arrow").exists()
+    resumed = FailingExport(spec, windows, HOOKS, batch_size=BATCH, shard_size=2 * BATCH)
+    run_job(resumed, out, progress=False, resume=True, model=model)
+    assert resumed.calls == list(range(1, -(-len(windows) // (2 * BATCH))))
+    assert not (out / ".tmp").exists()
+    for path in sorted(clean.glob("data-*.arrow")) + sorted((clean / "shards").rglob("*")):
+        if path.is_file():
+            rel = path.relative_to(clean)
+            assert (out / rel).read_bytes() == path.read_bytes(), rel
