@@ -246,3 +246,33 @@ def test_bad_backend_arguments_are_refused(tmp_path):
         run_job(Squares(), tmp_path / "o", n_workers=2)
     with pytest.raises(ValueError, match="model="):
         run_job(Squares(), tmp_path / "o", backend="ray", model=object())
+
+
+def make_model(device=None, dtype="float32", d_model=7):
+    """A factory for model_spec: a seeded tiny model."""
+    import torch
+
+    from glassbox import Config, HookedTransformer
+
+    torch.manual_seed(0)
+    return HookedTransformer(Config(d_model=d_model, n_layers=1, n_heads=1, d_vocab=11, n_ctx=5, d_mlp=13),
+                             device=device, dtype=getattr(torch, dtype))
+
+
+def test_build_model_from_a_folder_or_a_factory(tmp_path):
+    import torch
+
+    from glassbox.scale import build_model
+    from glassbox.weights import save_pretrained
+
+    model = make_model()
+    save_pretrained(model, tmp_path / "m")
+    loaded = build_model({"name_or_path": str(tmp_path / "m"), "device": "cpu", "dtype": "float64"})
+    assert not loaded.training and loaded.W_E.dtype == torch.float64
+    assert torch.equal(loaded.W_E, model.W_E.double())
+    made = build_model({"factory": f"{__name__}:make_model", "kwargs": {"d_model": 9}, "dtype": "float32"})
+    assert made.cfg.d_model == 9 and not made.training
+    with pytest.raises(ValueError, match="'name_or_path' or 'factory'"):
+        build_model({"device": "cpu"})
+    with pytest.raises(ValueError, match="package.module:function"):
+        build_model({"factory": "make_model"})
