@@ -285,3 +285,90 @@ def test_eval_is_exact_and_split_independent(model, tmp_path):
     # measured 1.9e-7 (logit diffs up to 4.3), bound 2e-6: 11x
     assert abs(r["logit_diff"] - sum(diffs) / 7) < 2e-6
     assert r["accuracy_top1"] == top1 / 7 and r["accuracy_logit_diff"] == sum(d > 0 for d in diffs) / 7
+
+
+# --- the command line, on the shipped model ---------------------------------------------------------------
+AUSTEN_PAIRS = [("Elizabeth and Darcy walked to the house, and Darcy spoke to", " Elizabeth", " Darcy"),
+                ("Jane and Bingley sat by the fire, and Bingley smiled at", " Jane", " Bingley"),
+                ("Emma and Harriet went into the garden, and Harriet looked at", " Emma", " Harriet"),
+                ("Anne and Wickham stood at the door, and Wickham spoke to", " Anne", " Wickham")]
+
+
+def austen_pairs(path: Path, answer_override=None) -> Path:
+    with open(path, "w") as f:
+        for clean, answer, distractor in AUSTEN_PAIRS:
+            corrupted = clean[::-1].replace(distractor[::-1], answer[::-1], 1)[::-1]  # the last mention swapped
+            f.write(json.dumps({"clean": clean, "corrupted": corrupted, "answer": answer_override or answer,
+                                "distractor": distractor}) + "\n")
+    return path
+
+
+def test_cli_sweep_attribute_evaluate_on_glassbox_austen(tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from glassbox.cli import main
+    from glassbox.weights import from_pretrained
+
+    pairs_file = austen_pairs(tmp_path / "pairs.jsonl")
+    assert main(["sweep", "--model", "glassbox-austen", "--pairs", str(pairs_file), "--activation", "resid_pre",
+                 "--axes", "layer,pos", "--out", str(tmp_path / "sweep"), "--batch-size", "2", "--shard-size", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert "resid_pre over 4 pairs, metric logit diff" in out
+    assert "shards 2/2" in err and "tok/s" in err  # the progress bar: tokens/s and shards done
+    model = from_pretrained("glassbox-austen")
+    tokens = model.tokenizer
+    pairs = load_pairs(pairs_file, tokens)
+    assert len(set(pairs.lengths())) == 1  # one length: a position axis is allowed
+    assert [sum(a != b for a, b in zip(c, k)) for c, k in zip(pairs.clean, pairs.corrupted)] == [1, 1, 1, 1]
+    per_pair, clean_m, _ = sweep_oracle(model, pairs, [[0, 1], [2, 3]])
+    saved = load_file(str(tmp_path / "sweep" / "result.safetensors"))
+    assert torch.equal(saved["per_prompt"], per_pair) and torch.equal(saved["mean"], per_pair.mean(-1))
+    assert torch.equal(saved["clean"], clean_m)
+    summary = json.loads((tmp_path / "sweep" / "result.json").read_text())
+    assert summary["labels"]["pos"] == [str(t) for t in model.to_str_tokens(torch.tensor(pairs.corrupted[0]))]
+    assert summary["n_prompts"] == 4 and summary["axes"] == ["layer", "pos"]
+
+    assert main(["attribute", "--model", "glassbox-austen", "--pairs", str(pairs_file), "--method", "EAP",
+                 "--out", str(tmp_path / "eap"), "--batch-size", "4", "--no-progress"]) == 0
+    ref = eap(model, torch.tensor(pairs.clean), torch.tensor(pairs.corrupted),
+              LogitDiff(torch.tensor(pairs.answer), torch.tensor(pairs.distractor)))
+    from glassbox.interp.attribution import Graph
+
+    graph = Graph.load_json(tmp_path / "eap" / "graph.json")
+    assert torch.equal(graph.scores.nan_to_num(), ref.scores.nan_to_num())
+    assert "EAP over 4 pairs" in capsys.readouterr().out
+
+    assert main(["evaluate", "--model", "glassbox-austen", "--pairs", str(pairs_file), "--out",
+                 str(tmp_path / "eval"), "--no-progress"]) == 0
+    result = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    with torch.no_grad():
+        last = model(torch.tensor(pairs.clean))[:, -1]
+    diffs = last.gather(-1, torch.tensor(pairs.answer)[:, None]) - last.gather(-1, torch.tensor(pairs.distractor)[:, None])
+    # the same batch of 4 in both: only the float64 summation order may differ; measured 0 (diffs up to 3.7),
+    # bound 1e-12
+    assert abs(result["logit_diff"] - diffs.double().mean().item()) < 1e-12
+    assert result["accuracy_logit_diff"] == (diffs > 0).double().mean().item()
+
+    # resume of a finished job computes nothing and gives the same result
+    assert main(["sweep", "--model", "glassbox-austen", "--pairs", str(pairs_file), "--activation", "resid_pre",
+                 "--out", str(tmp_path / "sweep"), "--batch-size", "2", "--shard-size", "2", "--resume",
+                 "--no-progress"]) == 0
+    assert torch.equal(load_file(str(tmp_path / "sweep" / "result.safetensors"))["mean"], saved["mean"])
+    capsys.readouterr()
+
+
+def test_cli_refusals_name_the_pair_and_the_flag(tmp_path, capsys):
+    from glassbox.cli import main
+
+    bad = austen_pairs(tmp_path / "bad.jsonl", answer_override=" Elizabethan")
+    code = main(["sweep", "--model", "glassbox-austen", "--pairs", str(bad), "--activation", "resid_pre",
+                 "--out", str(tmp_path / "x"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "bad.jsonl line 1: answer ' Elizabethan' is" in err and "not one" in err
+    good = austen_pairs(tmp_path / "good.jsonl")
+    assert main(["sweep", "--model", "glassbox-austen", "--pairs", str(good), "--activation", "resid_pre",
+                 "--out", str(tmp_path / "y"), "--workers", "2"]) == 2
+    assert "--workers needs --ray" in capsys.readouterr().err
+    assert main(["attribute", "--model", "glassbox-austen", "--pairs", str(good), "--method", "atp",
+                 "--out", str(tmp_path / "z")]) == 2
+    assert "give --activation" in capsys.readouterr().err

@@ -15,8 +15,9 @@ identical results. A different ``batch_size`` (or ``memory_budget``, which sets 
 pass stacks) changes the values by float rounding only.
 
 Footguns: position axes need one token length for every pair (refused otherwise, naming a pair);
-position labels are the first pair's (job order) tokens, or position numbers when the model has no
-tokenizer. Hooks left on the model are honoured as ``activation_patch`` honours them.
+position labels are the first pair's (job order) corrupted tokens, as activation_patch labels them, or
+position numbers when the model has no tokenizer. Hooks left on the model are honoured as
+``activation_patch`` honours them.
 """
 
 import json
