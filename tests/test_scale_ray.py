@@ -1,0 +1,337 @@
+"""The Ray backend (glassbox.scale.ray_backend): same bits as in-process, faults lose nothing.
+
+One Ray cluster for the whole module, started by ``ray.init`` in a subprocess (as a user's cluster
+would be, with token authentication); every test JOINS it by address through ``run_job(...,
+ray_address=...)``. One test starts its own local cluster (``address=None``), the CLI's ``--ray``.
+
+Oracles: a plain loop over the same batches calling the glassbox model directly (no glassbox.scale
+code), the in-process backend's files (sha256), and the job's own call log (which shards ran, where).
+"""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from conftest import TINY, make_hf_gpt2  # noqa: E402
+from glassbox.scale import even_plan, load_manifest, run_job, verify  # noqa: E402
+from glassbox.scale.manifest import Manifest  # noqa: E402
+from glassbox.weights import from_pretrained  # noqa: E402
+
+# The job classes below are defined here, not in an importable package: send them to workers by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+HOOKS = ("blocks.0.hook_resid_pre", "blocks.1.attn.hook_pattern", "blocks.1.hook_resid_post")
+N_WINDOWS, CTX, SHARD, BATCH = 23, 11, 4, 3  # 6 shards (the last of 3 windows), 2 batches per shard
+HEAD = """
+import sys, ray
+ray.init(num_cpus=3, include_dashboard=False)
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.read()
+ray.shutdown()
+"""
+
+
+@dataclass
+class ActsJob:
+    """Caches HOOKS over token windows; one .npy per hook per shard. Test switches: ``hold`` (the first
+    attempt of that shard writes part of its files, announces its pid and waits for a release flag),
+    ``die`` (that shard's worker SIGKILLs itself every time), ``fail`` (that shard's run_shard raises)."""
+
+    tokens: np.ndarray
+    model_dir: str
+    log_dir: str
+    hold: Optional[int] = None
+    die: Optional[int] = None
+    fail: Optional[int] = None
+    device: str = "cpu"
+    name: str = field(default="acts", init=False)
+
+    def plan(self):
+        return even_plan(len(self.tokens), SHARD)
+
+    def model_spec(self):
+        return {"name_or_path": self.model_dir, "device": self.device, "dtype": "float32"}
+
+    def params(self):
+        return {"hooks": list(HOOKS), "windows": self.tokens.tolist(), "batch": BATCH}
+
+    def shard_tokens(self, spec):
+        return spec.n_items * CTX
+
+    def run_shard(self, model, spec, tmp_dir):
+        log = Path(self.log_dir)
+        with open(log / "calls.log", "a") as f:
+            f.write(f"{spec.index} {os.getpid()}\n")
+        if spec.index == self.die:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if spec.index == self.fail:
+            raise ValueError(f"bad window in shard {spec.index}")
+        arrays = batched_acts(model, self.tokens[spec.start:spec.stop])
+        if spec.index == self.hold and not (log / "release").exists():
+            np.save(tmp_dir / f"{HOOKS[0]}.npy", arrays[HOOKS[0]])  # a half-written shard
+            (log / "inside.tmp").write_text(str(os.getpid()))
+            os.replace(log / "inside.tmp", log / "inside")
+            deadline = time.monotonic() + 120
+            while not (log / "release").exists():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("never killed nor released")
+                time.sleep(0.02)
+        for hook, array in arrays.items():
+            np.save(tmp_dir / f"{hook}.npy", array)
+        return {"rows": spec.n_items, "tokens": spec.n_items * CTX}
+
+    def finalize(self, out_dir, entries):
+        return {hook: np.concatenate([np.load(Path(out_dir) / "shards" / f"shard_{e['index']:05d}" / f"{hook}.npy")
+                                      for e in entries]) for hook in HOOKS}
+
+
+def batched_acts(model, windows) -> dict:
+    """The hooks' activations over ``windows`` in batches of BATCH, straight from the model."""
+    out = {hook: [] for hook in HOOKS}
+    with torch.no_grad():
+        for b in range(0, len(windows), BATCH):
+            _, cache = model.run_with_cache(torch.tensor(windows[b:b + BATCH]), names_filter=list(HOOKS))
+            for hook in HOOKS:
+                out[hook].append(cache[hook].numpy())
+    return {hook: np.concatenate(parts) for hook, parts in out.items()}
+
+
+def calls(job) -> list:
+    path = Path(job.log_dir) / "calls.log"
+    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("model")
+    make_hf_gpt2(seed=5, **TINY).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return np.random.default_rng(0).integers(0, TINY["vocab_size"], size=(N_WINDOWS, CTX), dtype=np.int64)
+
+
+@contextlib.contextmanager
+def threads(n):
+    """torch's intra-op thread count: CPU kernels at small batch sizes round differently at 1 and 2 threads
+    (measured: a batch of one window, up to 1.5e-7 apart), so bit-equality needs the workers' count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def by_hand(model_dir, tokens, n_threads=1):
+    """Per-shard batches computed by hand (same batch composition), concatenated."""
+    model = from_pretrained(model_dir, device="cpu", dtype="float32").eval()
+    with threads(n_threads):
+        parts = [batched_acts(model, tokens[s.start:s.stop]) for s in even_plan(N_WINDOWS, SHARD)]
+    return {hook: np.concatenate([p[hook] for p in parts]) for hook in HOOKS}
+
+
+@pytest.fixture(scope="module")
+def oracle(model_dir, tokens):
+    return by_hand(model_dir, tokens)  # at the workers' one thread each (cpus_per_worker=1)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A 3-CPU Ray cluster in its own process; its address. Token authentication, as Ray starts them."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_AUTH_MODE", "token")  # a driver joining by address must opt in (Ray's rule)
+        head = subprocess.Popen([sys.executable, "-c", HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+        try:
+            address = head.stdout.readline().strip()
+            assert address.count(":") == 1, f"the head did not start: {address!r}"
+            yield address
+        finally:
+            head.stdin.close()
+            head.wait(timeout=60)
+
+
+def new_job(tmp_path, model_dir, tokens, **switches) -> ActsJob:
+    log = tmp_path / "log"
+    log.mkdir(exist_ok=True)
+    return ActsJob(tokens=tokens, model_dir=model_dir, log_dir=str(log), **switches)
+
+
+def assert_complete(out_dir, n_shards=6):
+    """Every planned shard committed once, verified, nothing left half-written."""
+    assert verify(out_dir) == {}
+    assert sorted(p.name for p in (Path(out_dir) / "shards").iterdir()) == [f"shard_{i:05d}" for i in range(n_shards)]
+    assert sorted(load_manifest(out_dir)["shards"]) == sorted(str(i) for i in range(n_shards))
+    tmp = Path(out_dir) / ".tmp"
+    assert not tmp.exists() or not any(tmp.iterdir())
+
+
+def test_local_cluster_started_and_stopped(tmp_path, model_dir, tokens, oracle):
+    """address=None starts a new local cluster with n_workers CPUs and stops it at the end."""
+    assert not ray.is_initialized()
+    job = new_job(tmp_path, model_dir, tokens)
+    result = run_job(job, tmp_path / "out", backend="ray", n_workers=2, progress=False)
+    assert not ray.is_initialized()
+    for hook in HOOKS:
+        assert np.array_equal(result[hook], oracle[hook]), hook
+    assert sorted(i for i, _ in calls(job)) == list(range(6))
+    assert len({pid for _, pid in calls(job)} - {os.getpid()}) == 2  # two worker processes, not the driver
+
+
+@pytest.mark.parametrize("n_workers", [1, 2, 3])
+def test_ray_equals_in_process(tmp_path, model_dir, tokens, oracle, cluster, n_workers):
+    (tmp_path / "a").mkdir()
+    with threads(1):
+        local = run_job(new_job(tmp_path / "a", model_dir, tokens), tmp_path / "local", progress=False)
+    job = new_job(tmp_path, model_dir, tokens)
+    result = run_job(job, tmp_path / "ray", backend="ray", ray_address=cluster, n_workers=n_workers,
+                     progress=False)
+    assert not ray.is_initialized()  # joined, then only disconnected
+    for hook in HOOKS:
+        assert result[hook].shape == oracle[hook].shape
+        assert np.array_equal(result[hook], oracle[hook]), hook
+        assert np.array_equal(local[hook], oracle[hook]), hook
+    ray_entries = load_manifest(tmp_path / "ray")["shards"]
+    local_entries = load_manifest(tmp_path / "local")["shards"]
+    assert {k: e["files"] for k, e in ray_entries.items()} == {k: e["files"] for k, e in local_entries.items()}
+    workers = {e["worker"] for e in ray_entries.values()}
+    assert len(workers) <= n_workers and all(w.startswith("ray:") for w in workers)
+    assert sorted(i for i, _ in calls(job)) == list(range(6))  # each shard computed once
+    assert_complete(tmp_path / "ray")
+
+
+def test_threads_per_worker(tmp_path, model_dir, tokens, cluster):
+    """cpus_per_worker=2: each actor reserves 2 CPUs and runs torch on 2 threads, so its shards equal an
+    in-process run at 2 threads bit for bit."""
+    from glassbox.scale.ray_backend import run_ray
+
+    job = new_job(tmp_path, model_dir, tokens)
+    entries = run_ray(job, tmp_path / "out", address=cluster, n_workers=1, cpus_per_worker=2, progress=False)
+    result = job.finalize(tmp_path / "out", entries)
+    expected = by_hand(model_dir, tokens, n_threads=2)
+    for hook in HOOKS:
+        assert np.array_equal(result[hook], expected[hook]), hook
+
+
+def test_killed_worker_is_retried(tmp_path, model_dir, tokens, oracle, cluster):
+    """SIGKILL a worker while it is inside shard 2, half its files written: the shard runs again on a
+    fresh actor, nothing is lost, duplicated or half-written, and the output is the uninterrupted one."""
+    job = new_job(tmp_path, model_dir, tokens, hold=2)
+    log = Path(job.log_dir)
+    killed = []
+
+    def killer():
+        deadline = time.monotonic() + 120
+        while not (log / "inside").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pid = int((log / "inside").read_text())
+        killed.append(pid)
+        os.kill(pid, signal.SIGKILL)
+        (log / "release").write_text("")
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    result = run_job(job, tmp_path / "out", backend="ray", ray_address=cluster, n_workers=2, progress=False)
+    thread.join(timeout=10)
+    assert len(killed) == 1 and killed[0] != os.getpid()
+    ran = calls(job)
+    assert sorted(i for i, _ in ran) == [0, 1, 2, 2, 3, 4, 5]  # only shard 2 ran twice
+    assert [pid for i, pid in ran if i == 2][0] == killed[0]
+    for hook in HOOKS:
+        assert np.array_equal(result[hook], oracle[hook]), hook
+    entries = load_manifest(tmp_path / "out")["shards"]
+    assert entries["2"]["attempts"] == 2 and f"pid{killed[0]}" not in entries["2"]["worker"]
+    assert all(e["attempts"] == 1 for k, e in entries.items() if k != "2")
+    assert_complete(tmp_path / "out")
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_interrupted_job_resumes(tmp_path, model_dir, tokens, oracle, cluster, monkeypatch):
+    """The driver raises at its third commit; resume=True runs only the shards not committed, once each."""
+    job = new_job(tmp_path, model_dir, tokens)
+    commit = Manifest.commit
+    count = [0]
+
+    def failing_commit(self, spec, *args, **kwargs):
+        count[0] += 1
+        if count[0] == 3:
+            raise Interrupt("driver interrupted")
+        return commit(self, spec, *args, **kwargs)
+
+    monkeypatch.setattr(Manifest, "commit", failing_commit)
+    with pytest.raises(Interrupt):
+        run_job(job, tmp_path / "out", backend="ray", ray_address=cluster, n_workers=2, progress=False)
+    monkeypatch.setattr(Manifest, "commit", commit)
+    assert not ray.is_initialized()
+    first = load_manifest(tmp_path / "out")["shards"]
+    assert len(first) == 2
+    with pytest.raises(FileExistsError, match="resume"):
+        run_job(job, tmp_path / "out", backend="ray", ray_address=cluster, progress=False)
+    n_first = len(calls(job))
+    result = run_job(job, tmp_path / "out", backend="ray", ray_address=cluster, n_workers=2, resume=True,
+                     progress=False)
+    resumed = sorted(i for i, _ in calls(job)[n_first:])
+    assert resumed == sorted(set(range(6)) - {int(k) for k in first})  # verified shards skipped
+    final = load_manifest(tmp_path / "out")["shards"]
+    assert all(final[k] == first[k] for k in first)  # kept as committed, not recomputed
+    for hook in HOOKS:
+        assert np.array_equal(result[hook], oracle[hook]), hook
+    assert_complete(tmp_path / "out")
+
+
+def test_worker_dying_every_time_names_the_shard(tmp_path, model_dir, tokens, cluster):
+    job = new_job(tmp_path, model_dir, tokens, die=1)
+    with pytest.raises(RuntimeError, match=r"shard 1 \(shard_00001, items 4:8\) failed: its Ray worker died 2 "):
+        run_job(job, tmp_path / "out", backend="ray", ray_address=cluster, n_workers=1, retries=1,
+                progress=False)
+    assert [i for i, _ in calls(job)].count(1) == 2
+    assert "1" not in load_manifest(tmp_path / "out")["shards"]
+    assert not (tmp_path / "out" / "shards" / "shard_00001").exists()
+
+
+def test_run_shard_error_is_not_retried(tmp_path, model_dir, tokens, cluster):
+    job = new_job(tmp_path, model_dir, tokens, fail=0)
+    with pytest.raises(RuntimeError, match=r"(?s)shard 0 \(shard_00000, items 0:4\) raised in run_shard.*ValueError: bad window in shard 0"):
+        run_job(job, tmp_path / "out", backend="ray", ray_address=cluster, n_workers=1, progress=False)
+    assert calls(job)[0][0] == 0 and [i for i, _ in calls(job)].count(0) == 1
+
+
+def test_cuda_spec_on_a_cluster_without_gpus_is_refused(tmp_path, model_dir, tokens, cluster):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    job = new_job(tmp_path, model_dir, tokens, device="cuda:1")
+    with pytest.raises(ValueError, match="'cuda:1' but the Ray cluster has no GPU"):
+        run_job(job, tmp_path / "out", backend="ray", ray_address=cluster, progress=False)
+    assert not ray.is_initialized()
+
+
+def test_bad_arguments(tmp_path, model_dir, tokens):
+    job = new_job(tmp_path, model_dir, tokens)
+    from glassbox.scale.ray_backend import run_ray
+
+    for kwargs, message in [({"n_workers": 0}, "n_workers must be an int >= 1"),
+                            ({"retries": -1}, "retries must be an int >= 0"),
+                            ({"cpus_per_worker": 0}, "cpus_per_worker must be an int >= 1"),
+                            ({"address": ""}, "address must be a Ray cluster address")]:
+        with pytest.raises(ValueError, match=message):
+            run_ray(job, tmp_path / "out", progress=False, **kwargs)
+    assert not ray.is_initialized()
