@@ -163,3 +163,13 @@ def test_the_demo_finds_it_with_the_held_out_text(model, sae, tmp_path):
     assert [r["feature"] for r in summary["top_features"]] == acts.topk(5).indices.tolist()
     assert summary["l0"] == 32.0 and summary["error_term_max_abs_logit_change"] == 0.0
     assert caption.startswith("topk SAE at blocks.1.hook_resid_pre (1,024 features, k=32). On the prompt: L0 32.0")
+
+
+def test_the_cards_usage_example_runs_as_written():
+    usage = re.findall(r"```python\n(.*?)```", card(), re.S)[0]
+    scope = {}
+    exec(compile(usage, "README.md", "exec"), scope)  # run in the repository root, as the card's paths are
+    acts = scope["cache"]["blocks.1.hook_resid_pre.hook_sae_acts_post"]
+    assert acts.shape == (1, 7, 1024) and ((acts != 0).sum(-1) == 32).all()
+    clean, _ = scope["model"].run_with_cache("Elizabeth read the letter again.")  # the same kernels, no SAE
+    assert torch.equal(scope["logits"], clean)
