@@ -52,7 +52,9 @@ def forward(p: Peers, batch: int, pos: int, rounds: int, seed: int) -> dict:
         fns["TransformerLens"] = lambda: p.tl(x)
     with torch.inference_mode():
         outputs = {peer: fn() for peer, fn in fns.items()}
-    return run_case("forward", f"{batch}x{pos}", fns, outputs, rounds, absent=tl_absent(p),
+    absent = tl_absent(p)
+    add_remote(p, "forward", fns, outputs, absent, x=x)
+    return run_case("forward", f"{batch}x{pos}", fns, outputs, rounds, absent=absent,
                     note="logits of a plain forward, no hook attached; transformers with sdpa attention")
 
 
@@ -86,7 +88,12 @@ def run_with_cache(p: Peers, batch: int, pos: int, rounds: int, seed: int, only_
         if p.tl is not None:
             cache_diffs["vs TransformerLens"] = check_cache_against_tl(case, gb_cache, results["TransformerLens"][1])
     del results
-    out = run_case(case, f"{batch}x{pos}", fns, outputs, rounds, absent=tl_absent(p),
+    absent = tl_absent(p)
+    remote = add_remote(p, "patterns" if only_patterns else "cache", fns, outputs, absent, x=x)
+    for name, got in remote.items():
+        outputs[name] = got["logits"]
+        cache_diffs[f"{name} vs transformers"] = check_remote_cache(case, p, x, name, got, only_patterns)
+    out = run_case(case, f"{batch}x{pos}", fns, outputs, rounds, absent=absent,
                    note="glassbox and TransformerLens run_with_cache "
                         + ("with names_filter=hook_pattern" if only_patterns else "caching every hook")
                         + " vs a plain transformers forward (sdpa)")
@@ -159,6 +166,30 @@ def load_time(p: Peers, rounds: int) -> dict:
                        "from_pretrained(folder); TransformerLens: transformers load + convert_gpt2_weights "
                        "+ load_and_process_state_dict (no processing)")
     return out
+
+
+def add_remote(p: Peers, case: str, fns: dict, outputs: dict, absent: dict, **args) -> dict:
+    """Prepare ``case`` in every worker peer (peer_worker.py): its output goes into ``outputs`` (for the
+    checks; returned too), its timed run into ``fns``; the peers not running are added to ``absent``."""
+    got = {}
+    for name, remote in p.remote.items():
+        got[name] = outputs[name] = remote.prepare(case=case, **args)
+        fns[name] = remote.run
+    absent.update(p.remote_absent)
+    return got
+
+
+def check_remote_cache(case: str, p: Peers, x, name: str, got: dict, only_patterns: bool) -> float:
+    """A worker's cached values against transformers: its patterns against the eager attention
+    probabilities; its resid_pre (TransformerLens 4) or block outputs (nnsight) against the hidden states."""
+    with torch.inference_mode():
+        if only_patterns:
+            want = torch.stack(p.hf_eager()(x, use_cache=False, output_attentions=True).attentions)
+            return max_diff(case, f"{name} patterns", got["values"], want, 1e-5)
+        hidden = torch.stack(p.hf(x, use_cache=False, output_hidden_states=True).hidden_states)
+    if "block_outputs" in got:
+        return max_diff(case, f"{name} block outputs", got["block_outputs"], hidden[1:-1], LOGIT_ATOL)
+    return max_diff(case, f"{name} resid_pre", got["values"], hidden[:-1], LOGIT_ATOL)
 
 
 def tl_absent(p: Peers) -> dict:

@@ -7,6 +7,8 @@
 - TransformerLens: ``HookedTransformer`` with ``convert_gpt2_weights`` and
   ``load_and_process_state_dict`` with every processing step off, so its numbers match too. It is an
   optional benchmark dependency: when it does not import, its columns are reported as absent.
+- TransformerLens 4 (``TransformerBridge``) and nnsight 0.8: workers in their own virtual
+  environments (``REMOTE``; peer_worker.py, peers_tl4.py, peers_nnsight.py), in ``Peers.remote``.
 
 Every model is in eval mode, float32, on the CPU, and shares no memory with the others.
 """
@@ -20,7 +22,12 @@ SHAPES = {
     # n_layer, n_embd, n_head, vocab, n_ctx
     "small": (12, 768, 12, 50257, 1024),
     "tiny": (4, 256, 8, 50257, 1024),
+    "medium": (24, 1024, 16, 50257, 1024),
 }
+# Peers run as workers in their own virtual environments (benchmarks/peer_envs.sh builds them):
+# name -> (interpreter, worker script in this folder).
+REMOTE = {"TL4 bridge": ("/opt/tl4env/bin/python", "peers_tl4.py"),
+          "nnsight": ("/opt/nnsightenv/bin/python", "peers_nnsight.py")}
 
 
 @dataclasses.dataclass
@@ -31,6 +38,8 @@ class Peers:
     tl_version: Optional[str]
     tl_error: Optional[str]
     hf_config: object
+    remote: dict = dataclasses.field(default_factory=dict)  # name -> peer_worker.Remote
+    remote_absent: dict = dataclasses.field(default_factory=dict)  # name -> why it is not compared
 
     def hf_eager(self) -> torch.nn.Module:
         """A copy of the reference with eager attention, for attention probabilities."""
@@ -106,3 +115,22 @@ def build_peers(shape: str = "small", seed: int = 0, with_tl: bool = True) -> Pe
     tl_version, tl_error = tl_available() if with_tl else (None, "disabled with --no-tl")
     tl = build_tl(hf) if tl_version is not None else None
     return Peers(hf=hf, glassbox=glassbox, tl=tl, tl_version=tl_version, tl_error=tl_error, hf_config=hf.config)
+
+
+def start_remote(p: Peers, shape: str, seed: int, threads: int, pythons: Optional[dict] = None) -> None:
+    """Start every ``REMOTE`` peer (``pythons`` overrides an interpreter; None there leaves it out)."""
+    import os
+
+    from peer_worker import start
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name, (python, script) in REMOTE.items():
+        python = (pythons or {}).get(name, python)
+        if python is None:
+            p.remote_absent[name] = "left out on the command line"
+            continue
+        remote, why = start(name, python, os.path.join(here, script), shape, seed, threads)
+        if remote is None:
+            p.remote_absent[name] = why
+        else:
+            p.remote[name] = remote

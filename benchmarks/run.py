@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cases  # noqa: E402
 import memory  # noqa: E402
 import sweep  # noqa: E402
-from peers import build_peers  # noqa: E402
+from peers import REMOTE, build_peers, start_remote  # noqa: E402
 
 SHAPES = [(1, 16), (1, 128), (8, 128), (1, 1024)]
 FULL = dict(rounds=7, forward=SHAPES, cache=SHAPES, patterns=[(1, 128), (8, 128)], noop=[(1, 128), (8, 128)],
@@ -63,7 +63,8 @@ def paired(result: dict, numerator: str, denominator: str):
 
 
 def table(results: list) -> str:
-    head = f"{'case':<38} {'shape':>8} {'glassbox':>9} {'transf.':>9} {'TL':>9} {'gb/tf':>6} {'TL/tf':>6} {'TL/gb':>6}"
+    head = f"{'case':<38} {'shape':>8} {'glassbox':>9} {'transf.':>9} {'TL':>9} {'gb/tf':>6} {'TL/tf':>6} {'TL/gb':>6}" + "".join(
+        f" {'TL4':>9} {'TL4/tf':>6}" if n.startswith("TL4") else f" {n[:9]:>9} {n[:3] + '/tf':>6}" for n in REMOTE)
     lines = [head, "-" * len(head)]
     for r in results:
         if "skipped" in r:
@@ -74,7 +75,9 @@ def table(results: list) -> str:
         ratios = [paired(r, "glassbox", "transformers"), paired(r, "TransformerLens", "transformers"),
                   paired(r, "TransformerLens", "glassbox")]
         ratio_text = [f"{x:6.2f}" if x is not None else f"{'-':>6}" for x in ratios]
-        lines.append(f"{r['case']:<38} {r['shape']:>8} {' '.join(secs)} {' '.join(ratio_text)}")
+        remote = [f"{peers[n]['median_s']:9.4f} {paired(r, n, 'transformers'):6.2f}" if n in peers else f"{'-':>9} {'-':>6}"
+                  for n in REMOTE]
+        lines.append(f"{r['case']:<38} {r['shape']:>8} {' '.join(secs)} {' '.join(ratio_text)} {' '.join(remote)}")
     return "\n".join(lines)
 
 
@@ -101,6 +104,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=None, help="timing rounds per case")
     parser.add_argument("--no-tl", action="store_true", help="leave TransformerLens out even if installed")
+    parser.add_argument("--no-remote", action="store_true",
+                        help="leave out the peers in their own environments (TransformerLens 4, nnsight)")
+    for name, (python, _) in REMOTE.items():
+        flag = "--" + name.split()[0].lower() + "-python"
+        parser.add_argument(flag, default=python, help=f"{name}'s interpreter (default {python})")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS subprocesses")
     parser.add_argument("--only", default=None, help="comma-separated cases: forward,cache,patterns,noop,sweep,load,memory")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.json"))
@@ -116,7 +124,15 @@ def main(argv=None) -> int:
 
     started = time.time()
     p = build_peers(args.shape, args.seed, with_tl=not args.no_tl)
+    if not args.no_remote:
+        start_remote(p, args.shape, args.seed, args.threads,
+                     {name: getattr(args, name.split()[0].lower() + "_python") for name in REMOTE})
     info = machine(args.threads)
+    info["remote"] = {name: r.version for name, r in p.remote.items()}
+    info["remote_absent"] = dict(p.remote_absent)
+    info["remote_round_trip_s"] = {name: r.round_trip_s() for name, r in p.remote.items()}
+    print(f"worker peers: {info['remote']}, pipe round trip {info['remote_round_trip_s']}, absent {p.remote_absent}",
+          flush=True)
     print(f"{info['cpu']}, {info['cores']} cores, torch {info['torch']} with {args.threads} thread(s), "
           f"transformers {info['transformers']}, TransformerLens {info['transformer_lens'] or 'absent: ' + str(p.tl_error)}",
           flush=True)
@@ -150,6 +166,8 @@ def main(argv=None) -> int:
                 mem.append(memory.measure(peer, args.shape, batch, pos, args.threads, sys.executable, predicted))
                 print(memory_table(mem[-1:]), flush=True)
 
+    for remote in p.remote.values():
+        remote.close()
     print("\n" + table(results))
     if mem:
         print(memory_table(mem))
@@ -159,7 +177,9 @@ def main(argv=None) -> int:
     for r in results:
         r["ratios"] = {"glassbox/transformers": paired(r, "glassbox", "transformers"),
                        "TransformerLens/transformers": paired(r, "TransformerLens", "transformers"),
-                       "TransformerLens/glassbox": paired(r, "TransformerLens", "glassbox")}
+                       "TransformerLens/glassbox": paired(r, "TransformerLens", "glassbox"),
+                       **{f"{n}/transformers": paired(r, n, "transformers") for n in REMOTE},
+                       **{f"{n}/glassbox": paired(r, n, "glassbox") for n in REMOTE}}
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
     print(f"wrote {args.out}")

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from cases import REF, SWEEP_ATOL, run_case, tl_absent, tokens
+from cases import REF, SWEEP_ATOL, add_remote, run_case, tl_absent, tokens
 from peers import Peers
 
 
@@ -81,6 +81,8 @@ def resid_pre_sweep(p: Peers, pos: int, rounds: int, seed: int) -> dict:
             p.tl, corrupted, tl_cache, lambda logits: logits[0, -1, correct] - logits[0, -1, wrong])
     with torch.inference_mode():
         outputs = {peer: fn().float().cpu() for peer, fn in fns.items()}
-    return run_case(case, shape, fns, outputs, rounds, absent=tl_absent(p), atol=SWEEP_ATOL, warmup=0,
+    absent = tl_absent(p)
+    add_remote(p, "sweep", fns, outputs, absent, clean=clean, corrupted=corrupted, correct=correct, wrong=wrong)
+    return run_case(case, shape, fns, outputs, rounds, absent=absent, atol=SWEEP_ATOL, warmup=0,
                     note=f"{n_layers} layers x {pos} positions, logit difference at the last position; "
                          f"transformers: {n_layers * pos + 1} plain forwards with a pre-hook patch")
