@@ -5,7 +5,6 @@ computation and every checksum is recomputed with hashlib.
 """
 
 import hashlib
-import json
 import os
 import signal
 import subprocess

@@ -21,7 +21,7 @@ atomically through ``glassbox.scale.manifest``; ``resume=True`` skips shards tha
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Protocol, Union, runtime_checkable
+from typing import Any, List, Optional, Protocol, Union, runtime_checkable
 
 BACKENDS = ("local", "ray")
 SCALE_EXTRA = "pip install -e '.[scale]'"  # how to get ray and datasets
