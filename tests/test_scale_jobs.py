@@ -372,3 +372,21 @@ def test_cli_refusals_name_the_pair_and_the_flag(tmp_path, capsys):
     assert main(["attribute", "--model", "glassbox-austen", "--pairs", str(good), "--method", "atp",
                  "--out", str(tmp_path / "z")]) == 2
     assert "give --activation" in capsys.readouterr().err
+
+
+# --- Ray ------------------------------------------------------------------------------------------------------
+def test_two_ray_workers_equal_in_process(model, pairs, tmp_path):
+    pytest.importorskip("ray")
+    pytest.importorskip("glassbox.scale.ray_backend")
+    from glassbox.weights import save_pretrained
+
+    save_pretrained(model, tmp_path / "model")
+    spec = {"name_or_path": str(tmp_path / "model"), "device": "cpu", "dtype": "float32"}
+    job = SweepJob(spec, pairs, "resid_pre", ("layer", "pos"), batch_size=2, shard_size=2)
+    local = run_job(job, tmp_path / "local", progress=False)  # builds its model from the spec, like the workers
+    on_ray = run_job(job, tmp_path / "ray", backend="ray", n_workers=2, progress=False)
+    assert torch.equal(on_ray.per_prompt.values, local.per_prompt.values)
+    assert torch.equal(on_ray.mean.values, local.mean.values) and torch.equal(on_ray.clean, local.clean)
+    entries = load_manifest(tmp_path / "ray")["shards"].values()
+    assert len(entries) == 4 and all(e["worker"].startswith("ray:") for e in entries)  # computed by Ray actors
+    assert {e["worker"] for e in load_manifest(tmp_path / "local")["shards"].values()} == {"local"}
