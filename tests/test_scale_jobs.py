@@ -159,7 +159,9 @@ def test_sweep_is_split_independent_and_equals_the_batched_calls(model, pairs, t
         assert torch.equal(r.per_prompt.values, per_pair)
         assert torch.equal(r.mean.values, per_pair.mean(-1))
         assert torch.equal(r.clean, clean_m) and torch.equal(r.corrupted, corr_m)
-    on_disk = __import__("safetensors.torch", fromlist=["load_file"]).load_file(str(tmp_path / "s4" / "result.safetensors"))
+    from safetensors.torch import load_file
+
+    on_disk = load_file(str(tmp_path / "s4" / "result.safetensors"))
     assert torch.equal(on_disk["mean"], per_pair.mean(-1)) and torch.equal(on_disk["per_prompt"], per_pair)
 
     # one batch of every pair: the engine's own mean, bit for bit; batches of 2: float rounding only
@@ -231,7 +233,8 @@ def test_atp_is_split_independent_and_equals_the_batched_calls(model, pairs, tmp
         assert torch.equal(r.per_prompt.values, per_pair) and torch.equal(r.mean.values, per_pair.mean(-1))
     whole = run(AttributionJob(SPEC, pairs, "z", ("layer", "head"), batch_size=N), tmp_path / "whole", model)
     ref = attribution_patch(model, torch.tensor(pairs.clean), torch.tensor(pairs.corrupted),
-                            LogitDiff(torch.tensor(pairs.answer), torch.tensor(pairs.distractor)), "z", ("layer", "head"))
+                            LogitDiff(torch.tensor(pairs.answer), torch.tensor(pairs.distractor)), "z",
+                            ("layer", "head"))
     assert torch.equal(whole.mean.values, ref.values)
     # measured 1.5e-7 (values up to 0.47), bound 2e-6: 13x
     torch.testing.assert_close(results[0].mean.values, ref.values, rtol=0, atol=2e-6)
@@ -311,7 +314,8 @@ def test_cli_sweep_attribute_evaluate_on_glassbox_austen(tmp_path, capsys):
 
     pairs_file = austen_pairs(tmp_path / "pairs.jsonl")
     assert main(["sweep", "--model", "glassbox-austen", "--pairs", str(pairs_file), "--activation", "resid_pre",
-                 "--axes", "layer,pos", "--out", str(tmp_path / "sweep"), "--batch-size", "2", "--shard-size", "2"]) == 0
+                 "--axes", "layer,pos", "--out", str(tmp_path / "sweep"), "--batch-size", "2",
+                 "--shard-size", "2"]) == 0
     out, err = capsys.readouterr()
     assert "resid_pre over 4 pairs, metric logit diff" in out
     assert "shards 2/2" in err and "tok/s" in err  # the progress bar: tokens/s and shards done
@@ -343,7 +347,8 @@ def test_cli_sweep_attribute_evaluate_on_glassbox_austen(tmp_path, capsys):
     result = json.loads((tmp_path / "eval" / "eval.json").read_text())
     with torch.no_grad():
         last = model(torch.tensor(pairs.clean))[:, -1]
-    diffs = last.gather(-1, torch.tensor(pairs.answer)[:, None]) - last.gather(-1, torch.tensor(pairs.distractor)[:, None])
+    answer, distractor = torch.tensor(pairs.answer)[:, None], torch.tensor(pairs.distractor)[:, None]
+    diffs = last.gather(-1, answer) - last.gather(-1, distractor)
     # the same batch of 4 in both: only the float64 summation order may differ; measured 0 (diffs up to 3.7),
     # bound 1e-12
     assert abs(result["logit_diff"] - diffs.double().mean().item()) < 1e-12

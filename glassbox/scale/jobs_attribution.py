@@ -82,7 +82,8 @@ class EdgeAttributionJob(PairJob):
 
     def compute(self, model, start: int, stop: int) -> Dict[str, torch.Tensor]:
         device = next(model.parameters()).device
-        clean, corrupted = self.pairs.rows("clean", start, stop, device), self.pairs.rows("corrupted", start, stop, device)
+        clean = self.pairs.rows("clean", start, stop, device)
+        corrupted = self.pairs.rows("corrupted", start, stop, device)
         graph = eap(model, clean, corrupted, pair_metric(self.pairs, self.metric, start, stop), method=self.method,
                     steps=self.steps)
         if self._meta is None:

@@ -105,7 +105,8 @@ class NodeJob(PairJob):
 
     def compute(self, model, start: int, stop: int) -> Dict[str, torch.Tensor]:
         device = next(model.parameters()).device
-        clean, corrupted = self.pairs.rows("clean", start, stop, device), self.pairs.rows("corrupted", start, stop, device)
+        clean = self.pairs.rows("clean", start, stop, device)
+        corrupted = self.pairs.rows("corrupted", start, stop, device)
         metric = pair_metric(self.pairs, self.metric, start, stop)
         result = self.node_values(model, clean, corrupted, metric)
         if self._labels is None:
