@@ -199,8 +199,10 @@ def _write_dataset_json(folder: Path, features, data_files: List[str], fingerpri
              "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
              "_split": None}
     info = {"citation": "", "description": "", "features": features.to_dict(), "homepage": "", "license": ""}
-    (folder / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
-    (folder / "dataset_info.json").write_text(json.dumps(info, indent=2, sort_keys=True))
+    from .manifest import write_json
+
+    write_json(folder / "dataset_info.json", info)
+    write_json(folder / "state.json", state)  # last: a folder without it does not load, never half-loads
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

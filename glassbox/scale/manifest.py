@@ -110,11 +110,11 @@ def verify(out_dir: Union[str, Path]) -> Dict[int, str]:
     return problems
 
 
-def _write_json(path: Path, value) -> None:
+def write_json(path: Path, value) -> None:
     """Write ``value`` to ``path`` atomically (a synced temporary file renamed over it)."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
     with open(tmp, "w") as f:
-        json.dump(value, f, indent=1, sort_keys=True)
+        json.dump(value, f, indent=2, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -174,13 +174,15 @@ class Manifest:
                     raise ValueError(f"cannot resume {out_dir}: its job's {key!r} is {old.get(key)!r}, this "
                                      f"job's is {header[key]!r}")
             entries = {int(k): v for k, v in old["shards"].items()}
-        elif present and not (resume and set(present) <= {SHARDS, TMP}):
+        elif present and not (resume and {p for p in present if not p.startswith(f".{MANIFEST}.")} <= {SHARDS, TMP}):
             raise FileExistsError(f"out_dir {out_dir} is not empty ({', '.join(present[:5])}) and holds no "
                                   f"glassbox job; choose a new or empty folder")
         self = cls(out_dir, header, {})
         self.created = not out_dir.exists()
         out_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(out_dir / TMP, ignore_errors=True)
+        for stale in out_dir.glob(f".{MANIFEST}.*"):  # a manifest write interrupted before its rename
+            stale.unlink()
         for index, entry in sorted(entries.items()):
             problem = verify_shard(out_dir, entry)
             if problem is None:
@@ -278,4 +280,4 @@ class Manifest:
     def _write(self) -> None:
         body = dict(self.header)
         body["shards"] = {str(k): v for k, v in sorted(self._entries.items())}
-        _write_json(self.path, body)
+        write_json(self.path, body)
