@@ -4,8 +4,9 @@
 
 One seeded random GPT-2 (the GPT-2-small shape by default: 12 layers, 12 heads, d_model 768), built
 as ``benchmarks/run.py`` builds it (``transformers`` weights given to glassbox by ``from_hf``), one
-clean and one corrupted prompt of ``--pos`` random tokens (each length given), batch 1, the logit difference of two fixed
-tokens at the last position. Two cases, each timed interleaved (``timing.py``), ratios paired per round:
+clean and one corrupted prompt of ``--pos`` random tokens (each length given), batch 1, the logit
+difference of two fixed tokens at the last position. Two cases, each timed interleaved
+(``timing.py``), ratios paired per round:
 
 1. AtP over every head x position (``attribution_patch(..., "z", ("layer", "pos", "head"))``) against
    the exact batched sweep of the same nodes (``patch_head_z_by_pos``), both given the same clean

@@ -7,7 +7,6 @@ with the hook-by-hook circuit oracle (tests/circuit_oracle.py) and plain clean a
 forwards. Errors: one line on stderr naming the argument, exit 2, no traceback.
 """
 
-import json
 import re
 import shutil
 from pathlib import Path

@@ -189,7 +189,8 @@ PROBE = probe("""  try {
     out.rendered_lines = gd.querySelectorAll(".scatterlayer .trace .js-line").length;
     var hoverIndex = gd.data.findIndex(function (t) { return t.meta && t.meta.kind === "edge_hover"; });
     Plotly.Fx.hover(gd, [{curveNumber: hoverIndex, pointNumber: 0}]);
-    out.hover = Array.prototype.map.call(gd.querySelectorAll(".hoverlayer .hovertext"), function (n) { return n.textContent; });
+    out.hover = Array.prototype.map.call(gd.querySelectorAll(".hoverlayer .hovertext"),
+                                         function (n) { return n.textContent; });
     out.caption = document.getElementById("caption").textContent;
     var curve = document.getElementById("faithfulness");
     out.curve = curve.data[0].y;

@@ -135,8 +135,8 @@ def drawn_edges(graph, max_edges: int) -> tuple:
             return []
         values = scores[idx[:, 0], idx[:, 1]]
         order = torch.argsort(values.abs(), descending=True, stable=True)
-        return [(senders[int(idx[i, 0])], receivers[int(idx[i, 1])], float(values[i]), bool(circuit[idx[i, 0], idx[i, 1]]))
-                for i in order.tolist()]
+        return [(senders[int(idx[i, 0])], receivers[int(idx[i, 1])], float(values[i]),
+                 bool(circuit[idx[i, 0], idx[i, 1]])) for i in order.tolist()]
 
     scored = exists & ~torch.isnan(scores)  # NaN: an edge left unscored, not drawn
     inside = ranked(scored & circuit)[:max_edges]
