@@ -121,6 +121,8 @@ def test_pairs_from_jsonl_with_gpt2_tokenizer(tmp_path):
         prompt_pairs([dict(rows[1], label=1)])
     with pytest.raises(ValueError, match="clean is text, but no tokenizer was given"):
         prompt_pairs([rows[0]])
+    (tmp_path / "list.json").write_text(json.dumps([rows[1], rows[1]]))
+    assert load_pairs(tmp_path / "list.json").names == ["list.json item 0", "list.json item 1"]
 
 
 def test_pairs_from_a_datasets_folder(tmp_path):
@@ -288,6 +290,13 @@ def test_eval_is_exact_and_split_independent(model, tmp_path):
     # measured 1.9e-7 (logit diffs up to 4.3), bound 2e-6: 11x
     assert abs(r["logit_diff"] - sum(diffs) / 7) < 2e-6
     assert r["accuracy_top1"] == top1 / 7 and r["accuracy_logit_diff"] == sum(d > 0 for d in diffs) / 7
+
+    texts_only = PromptPairs(pairs.clean)  # no answers: the language-model loss alone
+    loss_only = run(EvalJob(SPEC, texts_only, batch_size=2), tmp_path / "texts", model)
+    assert loss_only == {"n_prompts": 7, "prompt": "clean", "lm_tokens": tokens, "lm_loss": r["lm_loss"]}
+    big = PromptPairs([[1, 2, VOCAB]], [[1, 3, 4]], [5], [6])
+    with pytest.raises(ValueError, match=r"pair 0: clean token id 37 is outside \[0, d_vocab=37\)"):
+        run(EvalJob(SPEC, big), tmp_path / "big", model)
 
 
 # --- the command line, on the shipped model ---------------------------------------------------------------

@@ -132,12 +132,14 @@ class PromptPairs:
                                  f"but {self.names[i]} is {length} tokens and {self.names[0]} is {lengths[0]}; "
                                  "sweep without a position axis, or split the pairs by length")
 
-    def check_vocab(self, d_vocab: int) -> None:
+    def check_vocab(self, d_vocab: int, start: int = 0, stop: Optional[int] = None) -> None:
+        """Refuse, naming the pair and field, a token id outside [0, d_vocab) in items ``start:stop`` (job order)."""
         for field in ("clean", "corrupted", "answer", "distractor"):
             values = getattr(self, field)
             if values is None:
                 continue
-            for i, value in enumerate(values):
+            for i in self.order[start:stop]:
+                value = values[i]
                 ids = value if isinstance(value, list) else [value]
                 bad = [t for t in ids if not 0 <= t < d_vocab]
                 if bad:
@@ -288,16 +290,13 @@ class PairJob:
     def shard_tokens(self, spec: ShardSpec) -> int:
         return sum(len(self.pairs.clean[i]) for i in self.pairs.order[spec.start:spec.stop])
 
-    def check_model(self, model) -> None:
-        self.pairs.check_vocab(model.cfg.d_vocab)
-
     def compute(self, model, start: int, stop: int) -> Dict[str, torch.Tensor]:
         raise NotImplementedError
 
     def run_shard(self, model, spec: ShardSpec, tmp_dir: Path) -> dict:
         from safetensors.torch import save_file
 
-        self.check_model(model)
+        self.pairs.check_vocab(model.cfg.d_vocab, spec.start, spec.stop)
         parts: Dict[str, list] = {}
         for start, stop in self.batches_of(spec):
             for key, value in self.compute(model, start, stop).items():
