@@ -14,7 +14,10 @@ flattened to ``head*d_head``, as SAELens does. Other shapes (attention patterns)
 Results are independent of the split: batches are fixed runs of ``batch_size`` windows counted from the
 first window, and ``shard_size`` must be a multiple of ``batch_size``, so each window is computed in the
 same batch whatever the shard size or worker count, and the columns are bit-identical. Every batch is
-[batch_size context_size] (the last may be shorter); nothing is padded.
+[batch_size context_size] (the last may be shorter); nothing is padded. Footgun: bit-identical also needs
+the same kernels, so the same device type, dtype and, on the CPU, torch thread count (measured: 2
+threads and 1 thread differ by ~4e-7 on a tiny model, as matmul reductions split differently); each
+shard's entry records its ``torch_threads`` and ``device``.
 
 ``datasets`` is needed to write Arrow and is imported by the functions that write.
 """
@@ -151,7 +154,8 @@ class ExportJob:
         writer.close()
         file_sha = _sha256(Path(tmp_dir) / DATA_FILE)
         _write_dataset_json(Path(tmp_dir), features, [DATA_FILE], fingerprint=file_sha[:16])
-        return {"rows": rows, "token_start": spec.start * self.context_size,
+        return {"rows": rows, "torch_threads": torch.get_num_threads(), "device": str(next(model.parameters()).device),
+                "token_start": spec.start * self.context_size,
                 "token_stop": spec.stop * self.context_size, "d_in": {h: features[h].shape[1] for h in self.hooks}}
 
     def finalize(self, out_dir: Path, entries: List[dict]) -> Path:
