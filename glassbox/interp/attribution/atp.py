@@ -154,6 +154,10 @@ class Run:
 
 def plan(model, clean_tokens, corrupted_tokens, metric, activation, axes, hook_axes, reduce, attention_mask) -> Run:
     """Every argument checked (names, axes, tokens, metric) before any forward runs."""
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError("attribution patching needs gradients, which torch.inference_mode() forbids; call it "
+                           "outside that block (torch.no_grad() around it is fine: gradients are turned on where "
+                           "they are needed)")
     stacked = not isinstance(activation, str)
     if stacked:
         activation = list(activation)

@@ -25,6 +25,7 @@ values are metric(corrupted) + the (QK-fixed) effect, comparable with the exact 
 A VariantMetric takes the absolute value of its whole-batch effect. GradDrop needs >= 2 layers.
 """
 
+import re
 from collections.abc import Mapping
 from typing import Callable, Optional, Sequence, Union
 
@@ -62,6 +63,12 @@ def attribution_patch_star(model, clean_tokens, corrupted_tokens, metric: Callab
         raise ValueError("GradDrop averages over the L-1 layers other than a node's own (1/(L-1)); this model has "
                          f"n_layers={n_layers}: use grad_drop=False")
     fixed = [spec for spec in run.specs if qk_fix and (spec.is_attention("q") or spec.is_attention("k"))]
+    for spec in run.specs:
+        single = [n for n in spec.names if re.fullmatch(r"blocks\.\d+\.attn\.hook_[qk]", n)]
+        if qk_fix and not spec.layered and single:
+            raise ValueError(f"the QK fix takes queries and keys as the per-layer activations 'q' and 'k'; "
+                             f"{single[0]!r} given as one hook name would be scored without it. Pass 'q' or 'k' "
+                             "(with a 'layer' axis), or qk_fix=False for plain AtP of this hook")
     for spec in fixed:
         check_qk(model, spec)
     qk_layers = list(range(n_layers)) if fixed else []

@@ -39,8 +39,10 @@ Contracts and footguns:
 - Scores are summed over positions. ``attention_mask`` (the same for both runs) excludes padded
   positions from the sum.
 - Flags: use_attn_result, use_split_qkv_input and use_hook_mlp_in are on while it runs (use_attn_in off)
-  and restored afterwards, also on error; hooks it attaches are removed. Hooks the caller left on the
-  model run in every pass, as part of the model.
+  and restored afterwards, also on error; hooks it attaches are removed. Hooks (and spliced SAEs) the
+  caller left on the model run in every pass, as part of the model: the scores are the hooked model's,
+  the identities above hold for it only where the hooks keep the residual stream the sum of the
+  senders, and ``metadata["model_hooks"]`` names them (``evaluate_circuit`` refuses a hooked model).
 - Model parameters' ``.grad`` are not touched (gradients are taken with torch.autograd.grad).
 - Refused: models whose residual stream is not the sum of the senders (``eap_setup.check_edge_model``).
 - Cost: EAP-IG-inputs m forwards+backwards of the batch, EAP-IG-activations n_senders * m, run as
@@ -117,6 +119,7 @@ def eap(model, clean_tokens: Tensor, corrupted_tokens: Tensor, metric, *, method
         corrupted_values, corrupted_metric = run.sender_values(corrupted)
         if method == "EAP":
             clean_values, grads, clean_metric = run.gradients(clean, 1, save_senders=True)
+            clean_metric = float(clean_metric)
             acc = run.accumulate_all(corrupted_values - clean_values, grads)
         else:
             clean_values, clean_metric = run.sender_values(clean)
@@ -138,7 +141,11 @@ def eap(model, clean_tokens: Tensor, corrupted_tokens: Tensor, metric, *, method
                 else:
                     run.accumulate_blocks(acc, [i for i, _ in part], delta, grads)
     scores = torch.where(exists, acc, torch.full_like(acc, float("nan"))).float()
-    metadata = {"method": method, "steps": steps if method != "EAP" else None,
+    # Hooks and splices on the model ran in every pass: the scores are those of the hooked model, and the
+    # identities of the docstring (completeness, the sum of senders) hold for it only when none is there.
+    hooked = sorted(set(getattr(model, "splices", {})) | {n for n, p in model.hook_dict.items()
+                                                          if p.fwd_hooks or p.bwd_hooks})
+    metadata = {"method": method, "model_hooks": hooked, "steps": steps if method != "EAP" else None,
                 "points": points if method != "EAP" else None,
                 "metric": getattr(metric, "name", type(metric).__name__), "metric_repr": repr(metric),
                 "metric_clean": clean_metric, "metric_corrupted": corrupted_metric,
@@ -218,7 +225,7 @@ class _Run:
             grad = grad.reshape(copies, self.n, *grad.shape[1:])
             out[name] = grad.sum(0) if sum_copies else grad
         senders_values = stack_senders(saved, self.model.cfg) if save_senders else None
-        return senders_values, out, float(values.detach().reshape(copies, self.n)[0].mean())
+        return senders_values, out, values.detach().reshape(copies, self.n)[0].mean()
 
     def _flat_grad(self, grad: Tensor) -> Tensor:
         """[batch pos (head) d_model] -> [(batch pos d_model), head] in the accumulation dtype, padding zeroed."""

@@ -68,8 +68,9 @@ def prune_circuit(model, clean_tokens, corrupted_tokens, metric: Callable, thres
             circuit = exists.clone()
         else:
             masks, single = as_masks(model, start)
-            if not single:
-                raise ValueError(f"start is one circuit, got {masks.shape[0]}")
+            if masks.shape[0] != 1:
+                raise ValueError(f"start must be one circuit (a mask [senders receivers] or one Graph), got a stack "
+                                 f"of {masks.shape[0]}")
             circuit = masks[0] & exists
         n_start = int(circuit.sum())
         pruner = Pruner(run, metric, memory_budget, threshold)
