@@ -28,10 +28,10 @@ __all__ = [
     "singular_vocab_directions", "stack_head_results", "stack_neuron_results",
 ]
 
-# Patching and plots (plotly is imported only when a plot is made).
-from . import patching, plots  # noqa: E402
+# Patching, plots (plotly is imported only when a plot is made), SAEs and attribution.
+from . import attribution, patching, plots, sae  # noqa: E402
 from .patching import LogitDiff, Normalized, PatchResult, activation_patch, path_patch  # noqa: E402
 from .plots import save_html  # noqa: E402
 
-__all__ += ["LogitDiff", "Normalized", "PatchResult", "activation_patch", "patching", "path_patch", "plots",
-            "save_html"]
+__all__ += ["LogitDiff", "Normalized", "PatchResult", "activation_patch", "attribution", "patching", "path_patch",
+            "plots", "sae", "save_html"]
