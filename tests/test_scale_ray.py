@@ -23,6 +23,9 @@ import numpy as np
 import pytest
 import torch
 
+# The module's cluster uses token authentication (Ray's default for a new cluster), and a driver joining
+# one by address must opt in: Ray reads the mode once, so it is set before Ray is imported.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
 ray = pytest.importorskip("ray")
 
 from conftest import TINY, make_hf_gpt2  # noqa: E402
@@ -154,17 +157,15 @@ def oracle(model_dir, tokens):
 @pytest.fixture(scope="module")
 def cluster():
     """A 3-CPU Ray cluster in its own process; its address. Token authentication, as Ray starts them."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAY_AUTH_MODE", "token")  # a driver joining by address must opt in (Ray's rule)
-        head = subprocess.Popen([sys.executable, "-c", HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True)
-        try:
-            address = head.stdout.readline().strip()
-            assert address.count(":") == 1, f"the head did not start: {address!r}"
-            yield address
-        finally:
-            head.stdin.close()
-            head.wait(timeout=60)
+    assert os.environ["RAY_AUTH_MODE"] == "token"
+    head = subprocess.Popen([sys.executable, "-c", HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        address = head.stdout.readline().strip()
+        assert address.count(":") == 1, f"the head did not start: {address!r}"
+        yield address
+    finally:
+        head.stdin.close()
+        head.wait(timeout=60)
 
 
 def new_job(tmp_path, model_dir, tokens, **switches) -> ActsJob:
@@ -182,54 +183,85 @@ def assert_complete(out_dir, n_shards=6):
     assert not tmp.exists() or not any(tmp.iterdir())
 
 
-def test_local_cluster_started_and_stopped(tmp_path, model_dir, tokens, oracle):
-    """address=None starts a new local cluster with n_workers CPUs and stops it at the end."""
-    assert not ray.is_initialized()
-    job = new_job(tmp_path, model_dir, tokens)
-    result = run_job(job, tmp_path / "out", backend="ray", n_workers=2, progress=False)
-    assert not ray.is_initialized()
-    for hook in HOOKS:
-        assert np.array_equal(result[hook], oracle[hook]), hook
-    assert sorted(i for i, _ in calls(job)) == list(range(6))
-    assert len({pid for _, pid in calls(job)} - {os.getpid()}) == 2  # two worker processes, not the driver
+def test_export_on_a_local_cluster_equals_in_process(tmp_path, model_dir, tokens):
+    """address=None (the CLI's --ray) starts a new local cluster of n_workers CPUs and stops it; the
+    export (SAELens's layout) over 2 workers holds the in-process export's bytes, shard by shard."""
+    import datasets
 
+    from glassbox.scale.corpus import ArrayWindows
+    from glassbox.scale.export import ExportJob
 
-@pytest.mark.parametrize("n_workers", [1, 2, 3])
-def test_ray_equals_in_process(tmp_path, model_dir, tokens, oracle, cluster, n_workers):
-    (tmp_path / "a").mkdir()
+    hooks = ["blocks.0.hook_resid_pre", "blocks.1.attn.hook_z"]
+    job = ExportJob({"name_or_path": model_dir, "device": "cpu", "dtype": "float32"}, ArrayWindows(tokens), hooks,
+                    batch_size=2, shard_size=4)
     with threads(1):
-        local = run_job(new_job(tmp_path / "a", model_dir, tokens), tmp_path / "local", progress=False)
-    job = new_job(tmp_path, model_dir, tokens)
-    result = run_job(job, tmp_path / "ray", backend="ray", ray_address=cluster, n_workers=n_workers,
-                     progress=False)
-    assert not ray.is_initialized()  # joined, then only disconnected
-    for hook in HOOKS:
-        assert result[hook].shape == oracle[hook].shape
-        assert np.array_equal(result[hook], oracle[hook]), hook
-        assert np.array_equal(local[hook], oracle[hook]), hook
-    ray_entries = load_manifest(tmp_path / "ray")["shards"]
-    local_entries = load_manifest(tmp_path / "local")["shards"]
-    assert {k: e["files"] for k, e in ray_entries.items()} == {k: e["files"] for k, e in local_entries.items()}
-    workers = {e["worker"] for e in ray_entries.values()}
-    assert len(workers) <= n_workers and all(w.startswith("ray:") for w in workers)
-    assert sorted(i for i, _ in calls(job)) == list(range(6))  # each shard computed once
+        run_job(job, tmp_path / "local", progress=False)
+    assert not ray.is_initialized()
+    run_job(job, tmp_path / "ray", backend="ray", n_workers=2, progress=False)
+    assert not ray.is_initialized()
+    local, remote = load_manifest(tmp_path / "local")["shards"], load_manifest(tmp_path / "ray")["shards"]
+    assert {k: e["files"] for k, e in remote.items()} == {k: e["files"] for k, e in local.items()}
+    assert len({e["worker"] for e in remote.values()}) == 2
+    a, b = datasets.load_from_disk(str(tmp_path / "local")), datasets.load_from_disk(str(tmp_path / "ray"))
+    assert a.column_names == b.column_names == hooks + ["token_ids"] and len(b) == N_WINDOWS
+    for column in a.column_names:
+        assert np.array_equal(np.asarray(a[column]), np.asarray(b[column])), column
     assert_complete(tmp_path / "ray")
 
 
-def test_threads_per_worker(tmp_path, model_dir, tokens, cluster):
-    """cpus_per_worker=2: each actor reserves 2 CPUs and runs torch on 2 threads, so its shards equal an
-    in-process run at 2 threads bit for bit."""
+@pytest.mark.parametrize("n_workers, cpus", [(1, 2), (3, 1)])  # 2 workers: every other test
+def test_ray_equals_in_process(tmp_path, model_dir, tokens, cluster, n_workers, cpus):
+    """Joined by address: the same bits as a hand loop and the in-process run at the workers' thread count."""
     from glassbox.scale.ray_backend import run_ray
 
+    expected = by_hand(model_dir, tokens, n_threads=cpus)
+    (tmp_path / "a").mkdir()
+    with threads(cpus):
+        local = run_job(new_job(tmp_path / "a", model_dir, tokens), tmp_path / "local", progress=False)
     job = new_job(tmp_path, model_dir, tokens)
-    entries = run_ray(job, tmp_path / "out", address=cluster, n_workers=1, cpus_per_worker=2, progress=False)
-    result = job.finalize(tmp_path / "out", entries)
-    expected = by_hand(model_dir, tokens, n_threads=2)
+    entries = run_ray(job, tmp_path / "ray", address=cluster, n_workers=n_workers, cpus_per_worker=cpus,
+                      progress=False)
+    assert not ray.is_initialized()  # joined, then only disconnected
+    result = job.finalize(tmp_path / "ray", entries)
     for hook in HOOKS:
+        assert result[hook].shape == expected[hook].shape
         assert np.array_equal(result[hook], expected[hook]), hook
+        assert np.array_equal(local[hook], expected[hook]), hook
+    ray_entries = load_manifest(tmp_path / "ray")["shards"]
+    local_entries = load_manifest(tmp_path / "local")["shards"]
+    assert {k: e["files"] for k, e in ray_entries.items()} == {k: e["files"] for k, e in local_entries.items()}
+    assert entries == [ray_entries[str(i)] for i in range(6)]
+    workers = {e["worker"] for e in ray_entries.values()}
+    assert len(workers) <= n_workers and all(w.startswith("ray:") for w in workers)
+    assert sorted(i for i, _ in calls(job)) == list(range(6))  # each shard computed once
+    assert os.getpid() not in {pid for _, pid in calls(job)}
+    assert_complete(tmp_path / "ray")
 
 
-def test_killed_worker_is_retried(tmp_path, model_dir, tokens, oracle, cluster):
+def test_sweep_on_ray_equals_in_process(tmp_path, model_dir, cluster):
+    """A patching sweep over prompt pairs (4 shards of one batch) on 2 workers: the in-process
+    per-pair values and metrics bit for bit."""
+    from glassbox.scale.jobs_data import PromptPairs
+    from glassbox.scale.jobs_sweep import SweepJob
+
+    rng = np.random.default_rng(3)
+    clean = [rng.integers(0, TINY["vocab_size"], size=6).tolist() for _ in range(7)]
+    corrupted = [[(t + 1) % TINY["vocab_size"] if i == 1 else t for i, t in enumerate(row)] for row in clean]
+    pairs = PromptPairs(clean, corrupted, rng.integers(0, 29, 7).tolist(), rng.integers(0, 29, 7).tolist())
+    job = SweepJob({"name_or_path": model_dir, "device": "cpu", "dtype": "float32"}, pairs, "resid_pre",
+                   ("layer", "pos"), batch_size=2, shard_size=2)
+    with threads(1):
+        local = run_job(job, tmp_path / "local", progress=False)
+    remote = run_job(job, tmp_path / "ray", backend="ray", ray_address=cluster, n_workers=2, progress=False)
+    assert remote.per_prompt.axes == local.per_prompt.axes and remote.per_prompt.labels == local.per_prompt.labels
+    assert torch.equal(remote.per_prompt.values, local.per_prompt.values)
+    assert torch.equal(remote.mean.values, local.mean.values)
+    assert torch.equal(remote.clean, local.clean) and torch.equal(remote.corrupted, local.corrupted)
+    assert len(load_manifest(tmp_path / "ray")["plan"]) == 4
+    assert verify(tmp_path / "ray") == {}
+
+
+def test_killed_worker_is_retried(tmp_path, model_dir, tokens, oracle, cluster, capsys):
     """SIGKILL a worker while it is inside shard 2, half its files written: the shard runs again on a
     fresh actor, nothing is lost, duplicated or half-written, and the output is the uninterrupted one."""
     job = new_job(tmp_path, model_dir, tokens, hold=2)
@@ -247,8 +279,13 @@ def test_killed_worker_is_retried(tmp_path, model_dir, tokens, oracle, cluster):
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
-    result = run_job(job, tmp_path / "out", backend="ray", ray_address=cluster, n_workers=2, progress=False)
+    result = run_job(job, tmp_path / "out", backend="ray", ray_address=cluster, n_workers=2, progress=True)
     thread.join(timeout=10)
+    bar = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    final = [line for line in bar if line.startswith("acts: 100%")][-1]  # tokens of all workers' shards
+    assert f" {N_WINDOWS * CTX}/{N_WINDOWS * CTX} " in final and "tok/s" in final, final
+    assert "shards 6/6 workers " in final and final.endswith(" retries 1]"), final  # the replacement may
+    # still be starting when the other worker has taken the last shards: "workers" counts those up
     assert len(killed) == 1 and killed[0] != os.getpid()
     ran = calls(job)
     assert sorted(i for i, _ in ran) == [0, 1, 2, 2, 3, 4, 5]  # only shard 2 ran twice
@@ -287,7 +324,7 @@ def test_interrupted_job_resumes(tmp_path, model_dir, tokens, oracle, cluster, m
     with pytest.raises(FileExistsError, match="resume"):
         run_job(job, tmp_path / "out", backend="ray", ray_address=cluster, progress=False)
     n_first = len(calls(job))
-    result = run_job(job, tmp_path / "out", backend="ray", ray_address=cluster, n_workers=2, resume=True,
+    result = run_job(job, tmp_path / "out", backend="ray", ray_address=cluster, n_workers=1, resume=True,
                      progress=False)
     resumed = sorted(i for i, _ in calls(job)[n_first:])
     assert resumed == sorted(set(range(6)) - {int(k) for k in first})  # verified shards skipped
