@@ -356,9 +356,16 @@ def test_cuda_spec_on_a_cluster_without_gpus_is_refused(tmp_path, model_dir, tok
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     job = new_job(tmp_path, model_dir, tokens, device="cuda:1")
-    with pytest.raises(ValueError, match="'cuda:1' but the Ray cluster has no GPU"):
+    with pytest.raises(ValueError, match=r"needs 1 GPU\(s\) but the Ray cluster has 0"):
         run_job(job, tmp_path / "out", backend="ray", ray_address=cluster, progress=False)
     assert not ray.is_initialized()
+
+
+def test_a_model_that_cannot_be_built_is_reported_at_once(tmp_path, tokens, cluster):
+    job = new_job(tmp_path, str(tmp_path / "no_model"), tokens)
+    with pytest.raises(RuntimeError, match=r"(?s)a Ray worker could not start \(building the model from .*no_model"):
+        run_job(job, tmp_path / "out", backend="ray", ray_address=cluster, n_workers=2, progress=False)
+    assert calls(job) == [] and not (tmp_path / "out").exists()  # nothing ran, no folder left
 
 
 def test_bad_arguments(tmp_path, model_dir, tokens):
@@ -372,3 +379,29 @@ def test_bad_arguments(tmp_path, model_dir, tokens):
         with pytest.raises(ValueError, match=message):
             run_ray(job, tmp_path / "out", progress=False, **kwargs)
     assert not ray.is_initialized()
+
+
+def test_gpus_per_replica_and_the_spec_inside_the_actor():
+    """A replica's GPUs (what its actor asks Ray for) and its spec renumbered to the actor's visible
+    devices cuda:0..k-1 (Ray sets CUDA_VISIBLE_DEVICES); a CPU spec is left as is."""
+    from glassbox.scale.ray_worker import gpus_per_replica, worker_model_spec
+
+    cases = [
+        ({"name_or_path": "m", "device": "cpu"}, 0, {"name_or_path": "m", "device": "cpu"}),
+        ({"name_or_path": "m"}, 0, {"name_or_path": "m"}),
+        ({"name_or_path": "m", "device": "cuda:3"}, 1, {"name_or_path": "m", "device": "cuda"}),
+        ({"name_or_path": "m", "device_map": ["cuda:2", "cuda:5"]}, 2,
+         {"name_or_path": "m", "device_map": ["cuda:0", "cuda:1"]}),
+        ({"name_or_path": "m", "device_map": {"embed": 4, "blocks.0": "cuda:4", "blocks.1": "cuda:6",
+                                              "ln_final": "cuda:6", "unembed": "cpu"}}, 2,
+         {"name_or_path": "m", "device_map": {"embed": "cuda:0", "blocks.0": "cuda:0", "blocks.1": "cuda:1",
+                                              "ln_final": "cuda:1", "unembed": "cpu"}}),
+        ({"name_or_path": "m", "device_map": ["cpu", "cpu"]}, 0, {"name_or_path": "m", "device_map": ["cpu", "cpu"]}),
+        ({"name_or_path": "m", "device": "cuda:1", "n_devices": 3}, 3,
+         {"name_or_path": "m", "device": "cuda", "n_devices": 3}),
+    ]
+    for spec, gpus, inside in cases:
+        assert gpus_per_replica(spec) == gpus, spec
+        assert worker_model_spec(spec, gpus) == inside, spec
+    with pytest.raises(ValueError, match="device_map='auto' cannot be sized for Ray actors"):
+        gpus_per_replica({"name_or_path": "m", "device_map": "auto"})

@@ -24,9 +24,11 @@ model is reported at once. On any error (or Ctrl-C) the actors are killed; in-fl
 committed shards.
 
 Resources: each actor asks Ray for ``cpus_per_worker`` CPUs (and sets torch's thread count to it) and,
-when the model spec's device is CUDA, one GPU (``num_gpus=1``; inside the actor the model is built on
-``cuda``, its one visible device). ``n_workers=None`` means as many actors as the cluster can hold
-(CPUs // cpus_per_worker, or its GPUs), never more than the pending shards. Actors the cluster cannot
+when the model spec is on CUDA, the GPUs of one replica (``ray_worker.gpus_per_replica``): one for
+``device="cuda:N"`` (``num_gpus=1``), k for a device map over k GPUs or ``n_devices=k``; inside the
+actor its GPUs are cuda:0..k-1 and the spec is renumbered to match (``worker_model_spec``).
+``n_workers=None`` means as many actors as the cluster can hold (CPUs // cpus_per_worker, or GPUs //
+GPUs per replica), never more than the pending shards. Actors the cluster cannot
 place yet simply wait; a job with no actor started after ``start_timeout_s`` is refused.
 
 Results do not depend on the split: the plan fixes each shard's batch composition and every shard is
@@ -49,7 +51,7 @@ from .job import shard_weight
 from .local import progress_bar
 from .manifest import TMP, Manifest
 from .ray_cluster import check_address, import_ray, ray_cluster
-from .ray_worker import ShardWorker, is_cuda_spec, worker_model_spec
+from .ray_worker import ShardWorker, gpus_per_replica, worker_model_spec
 
 _POLL_S = 1.0  # how often the driver wakes to check start-up timeouts while nothing finishes
 
@@ -75,7 +77,8 @@ def _shard_text(spec) -> str:
 def run_ray(job, out_dir, *, address: Optional[str] = None, n_workers: Optional[int] = None, resume: bool = False,
             progress: bool = True, retries: int = 3, cpus_per_worker: int = 1,
             start_timeout_s: float = 600.0) -> List[dict]:
-    """Run ``job``'s pending shards on Ray actors and return all its entries in plan order.
+    """Run ``job``'s pending shards on Ray actors and return all its entries in plan order (with nothing
+    pending, e.g. a resume of a finished job, Ray is not started).
 
     Args:
         address: a Ray cluster to join (``"host:port"`` or ``"auto"``); None starts a local cluster
@@ -106,7 +109,7 @@ def run_ray(job, out_dir, *, address: Optional[str] = None, n_workers: Optional[
 def _run(job, manifest, pending, address, n_workers, retries, cpus_per_worker, start_timeout_s, progress) -> None:
     ray = import_ray()
     model_spec = dict(job.model_spec())
-    gpu = is_cuda_spec(model_spec)
+    gpus = gpus_per_replica(model_spec)
     num_cpus = n_workers * cpus_per_worker if n_workers is not None else None
     probe = manifest.out_dir / TMP / f"ray_probe.{uuid.uuid4().hex[:12]}"
     token = uuid.uuid4().hex
@@ -115,16 +118,16 @@ def _run(job, manifest, pending, address, n_workers, retries, cpus_per_worker, s
     try:
         with ray_cluster(address, num_cpus=num_cpus):
             resources = ray.cluster_resources()
-            if gpu and resources.get("GPU", 0) < 1:
-                raise ValueError(f"the model spec's device is {model_spec.get('device')!r} but the Ray cluster "
-                                 f"has no GPU (resources {resources})")
+            if gpus and resources.get("GPU", 0) < gpus:
+                raise ValueError(f"one replica of the model spec ({model_spec}) needs {gpus} GPU(s) but the Ray "
+                                 f"cluster has {resources.get('GPU', 0):g} (resources {resources})")
             if n_workers is None:
-                n_workers = int(resources.get("GPU", 0)) if gpu else int(resources.get("CPU", 0)) // cpus_per_worker
+                n_workers = int(resources.get("GPU", 0)) // gpus if gpus else int(resources.get("CPU", 0)) // cpus_per_worker
             n_workers = max(1, min(n_workers, len(pending)))
-            needs = {"CPU": cpus_per_worker, **({"GPU": 1} if gpu else {})}
-            actor_class = ray.remote(ShardWorker).options(num_cpus=cpus_per_worker, num_gpus=1 if gpu else 0,
+            needs = {"CPU": cpus_per_worker, **({"GPU": gpus} if gpus else {})}
+            actor_class = ray.remote(ShardWorker).options(num_cpus=cpus_per_worker, num_gpus=gpus,
                                                           max_restarts=0, max_task_retries=0)
-            args = (ray.put(job), worker_model_spec(model_spec, gpu), str(probe), token, cpus_per_worker)
+            args = (ray.put(job), worker_model_spec(model_spec, gpus), str(probe), token, cpus_per_worker)
             pool = _Pool(ray, actor_class, args, needs)
             bar = progress_bar(job, manifest, progress)
             try:
@@ -146,12 +149,10 @@ class _Pool:
         self.starting = {}  # probe ref -> (actor, time started)
         self.idle = []  # (actor, info)
         self.busy = {}  # task ref -> (actor, info, spec, tmp folder)
-        self.started = 0
 
     def start(self) -> None:
         actor = self.actor_class.remote(*self.args)
         self.starting[actor.info.remote()] = (actor, time.monotonic())
-        self.started += 1
 
     def up(self) -> int:
         return len(self.idle) + len(self.busy)

@@ -16,20 +16,60 @@ from pathlib import Path
 from .job import ShardSpec, build_model
 
 
-def worker_model_spec(model_spec: dict, gpu: bool) -> dict:
-    """The spec a worker builds its model from: on a GPU worker ``cuda:N`` becomes ``cuda``.
+def _cuda_index(device):
+    """The CUDA index a device_map value names (an int is one, as Hugging Face writes it), else None."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    text = str(device)
+    if text.split(":")[0] != "cuda":
+        return None
+    return int(text.split(":")[1]) if ":" in text else 0
 
-    Ray gives a GPU actor exactly one device through ``CUDA_VISIBLE_DEVICES``, so inside the actor it is
-    always ``cuda:0``; the manifest still records the spec as the job gave it.
+
+def gpus_per_replica(model_spec: dict) -> int:
+    """How many GPUs one replica of ``model_spec`` takes: its device map's distinct CUDA devices,
+    ``n_devices``, 1 for a CUDA ``device``, else 0. ``"auto"``/``"balanced"`` maps are refused: they mean
+    "every visible GPU", which is not a number a Ray actor can ask for."""
+    device_map, n_devices = model_spec.get("device_map"), model_spec.get("n_devices")
+    if n_devices is not None:
+        return int(n_devices)
+    if device_map is None:
+        return 1 if _cuda_index(model_spec.get("device") or "cpu") is not None else 0
+    if isinstance(device_map, str):
+        raise ValueError(f"model_spec device_map={device_map!r} cannot be sized for Ray actors (each asks for a "
+                         "number of GPUs): give a list of devices (['cuda:0', 'cuda:1']) or n_devices")
+    values = device_map.values() if isinstance(device_map, dict) else device_map
+    return len({i for i in map(_cuda_index, values) if i is not None})
+
+
+def worker_model_spec(model_spec: dict, n_gpus: int) -> dict:
+    """The spec a worker builds its model from, with CUDA devices renumbered from 0.
+
+    Ray gives an actor asking for k GPUs exactly k devices through ``CUDA_VISIBLE_DEVICES``, seen inside
+    it as cuda:0 .. cuda:k-1, so ``cuda:N`` becomes ``cuda``, and a device map's distinct CUDA devices
+    become cuda:0, cuda:1... in index order. The manifest still records the spec as the job gave it.
     """
     spec = dict(model_spec)
-    if gpu:
+    if not n_gpus:
+        return spec
+    device_map = spec.get("device_map")
+    if device_map is not None:
+        values = device_map.values() if isinstance(device_map, dict) else device_map
+        order = {i: k for k, i in enumerate(sorted({i for i in map(_cuda_index, values) if i is not None}))}
+
+        def renumber(device):
+            i = _cuda_index(device)
+            return device if i is None else f"cuda:{order[i]}"
+
+        if isinstance(device_map, dict):
+            spec["device_map"] = {part: renumber(d) for part, d in device_map.items()}
+        else:
+            spec["device_map"] = [renumber(d) for d in device_map]
+    elif spec.get("device") is not None and _cuda_index(spec["device"]) is not None:
+        spec["device"] = "cuda"
+    elif spec.get("n_devices") is not None:
         spec["device"] = "cuda"
     return spec
-
-
-def is_cuda_spec(model_spec: dict) -> bool:
-    return str(model_spec.get("device") or "cpu").split(":")[0] == "cuda"
 
 
 class ShardWorker:
