@@ -352,6 +352,25 @@ def test_run_shard_error_is_not_retried(tmp_path, model_dir, tokens, cluster):
     assert calls(job)[0][0] == 0 and [i for i, _ in calls(job)].count(0) == 1
 
 
+def test_the_callers_connection_is_used_and_left_open(tmp_path, model_dir, tokens, oracle, cluster):
+    """Connected already (ray.init by the caller): run_ray uses that cluster, leaves the connection open,
+    and refuses an address naming another cluster."""
+    ray.init(address=cluster)
+    try:
+        host, port = cluster.rsplit(":", 1)
+        with pytest.raises(ValueError, match="already connected to the Ray cluster at .* cannot also join"):
+            run_job(new_job(tmp_path, model_dir, tokens), tmp_path / "other", backend="ray",
+                    ray_address=f"{host}:{int(port) + 1}", progress=False)
+        result = run_job(new_job(tmp_path, model_dir, tokens), tmp_path / "out", backend="ray", n_workers=1,
+                         progress=False)
+        assert ray.is_initialized() and ray.get_runtime_context().gcs_address == cluster
+        assert not (tmp_path / "other").exists()  # refused before anything was made
+    finally:
+        ray.shutdown()
+    for hook in HOOKS:
+        assert np.array_equal(result[hook], oracle[hook]), hook
+
+
 def test_cuda_spec_on_a_cluster_without_gpus_is_refused(tmp_path, model_dir, tokens, cluster):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
