@@ -38,7 +38,8 @@ def heldout_text():
 
 def random_sae(d_in=192, d_sae=61, hook=HOOK, seed=0, bias=-0.6, dtype=torch.float32):
     torch.manual_seed(seed)
-    sae = StandardSAE(SAEConfig("standard", d_in, d_sae, hook), dtype=dtype)
+    reshape = "hook_z" if hook.endswith("attn.hook_z") else "none"
+    sae = StandardSAE(SAEConfig("standard", d_in, d_sae, hook, reshape_activations=reshape), dtype=dtype)
     with torch.no_grad():
         sae.W_enc.mul_(0.5)
         sae.b_enc.normal_(bias, 0.4)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from ..train.rundir import write_atomic
 from ..weights.pretrained import DEFAULT_MODEL
 from .common import load_model, seed_arg, tokenizer_of
 from .errors import UsageError, device_arg, user_errors
@@ -190,7 +191,7 @@ def run(args) -> int:
     record = {"evals": evals, "eval_windows": int(windows.shape[0]), "context_size": context,
               "heldout_frac": args.heldout_frac, "model": args.model, "text": str(args.text),
               "feature_density": density}
-    (out / "evals.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    write_atomic(out / "evals.json", json.dumps(record, indent=2) + "\n")
     print(f"held-out evals ({windows.shape[0]} windows, {evals['n_tokens']:,} tokens):")
     for name in ("l0", "explained_variance", "mse", "ce_loss_score", "ce_loss_without_sae", "ce_loss_with_sae",
                  "ce_loss_with_ablation", "kl_div_with_sae", "dead_fraction"):

@@ -60,9 +60,9 @@ class Splice(HookPoint):
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.transform(super().forward(x))
-        if out.shape != x.shape or out.device != x.device:
-            raise ValueError(f"the module spliced at {self.name} returned shape {tuple(out.shape)} on "
-                             f"{out.device}, expected {tuple(x.shape)} on {x.device}")
+        if out.shape != x.shape or out.device != x.device or out.dtype != x.dtype:
+            raise ValueError(f"the module spliced at {self.name} returned shape {tuple(out.shape)} {out.dtype} on "
+                             f"{out.device}, expected {tuple(x.shape)} {x.dtype} on {x.device}")
         return out
 
     def extra_repr(self) -> str:

@@ -25,6 +25,7 @@ Contract and footguns:
 """
 
 import html
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,10 +38,6 @@ from torch import Tensor, nn
 from .common import escape, go
 from .html import PAGE, plotly_js
 
-RESID_HOOK = re.compile(r"^(hook_embed|hook_pos_embed|"
-                        r"blocks\.\d+\.hook_(resid_pre|resid_mid|resid_post|attn_out|mlp_out))$")
-Z_HOOK = re.compile(r"^blocks\.(\d+)\.attn\.hook_z$")
-MLP_POST_HOOK = re.compile(r"^blocks\.(\d+)\.mlp\.hook_post$")
 LAYER_OF = re.compile(r"^blocks\.(\d+)\.")
 
 
@@ -101,22 +98,14 @@ def sae_inputs(model, sae, tokens: Int[Tensor, "batch pos"], batch_size: int = 1
 
 @torch.no_grad()
 def decoder_in_resid(model, sae, features: Sequence[int]) -> Float[Tensor, "feature d_model"]:
-    """The chosen features' decoder rows as directions in the residual stream: as they are for an SAE
+    """The chosen features' decoder directions (``sae.decoder_directions()``) in the residual stream, per
+    unit of activation (``glassbox.interp.sae.features.residual_directions``): as they are for an SAE
     writing at a residual-stream hook (resid_pre/mid/post, attn_out, mlp_out, the embeddings); through
     W_O for one writing at ``attn.hook_z``; through W_out for one at ``mlp.hook_post``. Other hooks
     are refused (their decoder does not write into the residual stream directly)."""
-    hook = sae.cfg.hook_out
-    rows = sae.W_dec[list(features)].to(model.W_U.dtype)
-    if RESID_HOOK.match(hook):
-        return rows
-    z, post = Z_HOOK.match(hook), MLP_POST_HOOK.match(hook)
-    if z:
-        W_O = model.blocks[int(z.group(1))].attn.W_O  # [head d_head d_model]
-        return torch.einsum("fhd,hdm->fm", rows.reshape(len(features), *W_O.shape[:2]), W_O)
-    if post:
-        return rows @ model.blocks[int(post.group(1))].mlp.W_out
-    raise ValueError(f"logit effects need a decoder that writes into the residual stream; the SAE writes at "
-                     f"{hook!r} (supported: residual-stream hooks, attn.hook_z, mlp.hook_post)")
+    from ..sae.features import residual_directions
+
+    return residual_directions(model, sae)[list(features)].to(model.W_U.dtype)
 
 
 @torch.no_grad()
@@ -400,5 +389,7 @@ def dashboard_page(model, sae, data: DashboardData, ranked: bool = True, path: O
     if path is not None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(page, encoding="utf-8")
+        tmp = path.with_name(path.name + ".writing")  # whole or not at all: a killed write leaves no half page
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, path)
     return page

@@ -85,11 +85,14 @@ def batch_topk(acts: Tensor, k: float) -> Tensor:
 
 class BatchTopKSAE(SAE):
     """BatchTopK SAE (SAELens's "batchtopk" training SAE): ``cfg.k`` features per position on average
-    over the batch that ``encode`` sees. ``topk_threshold`` (a float64 scalar buffer, 0 at first) is the
-    running estimate of the smallest kept activation that the trainer keeps; ``to_jumprelu()`` is the
-    SAE to run at inference (and the one ``format.save_sae`` writes)."""
+    over the batch that ``encode`` sees. ``topk_threshold`` (a float64 scalar buffer, 0 at first) is
+    SAELens's running estimate of the smallest kept activation, read from a SAELens checkpoint
+    (glassbox's trainer does not train this architecture); ``to_jumprelu()`` is the SAE to run at
+    inference (and the one ``format.save_sae`` writes). Not spliceable: a position's features depend
+    on the rest of the batch (``batch_dependent``)."""
 
     architecture = "batchtopk"
+    batch_dependent = True
 
     def __init__(self, cfg: SAEConfig, device=None, dtype: torch.dtype = torch.float32):
         if isinstance(cfg, SAEConfig) and (isinstance(cfg.k, bool) or not isinstance(cfg.k, (int, float))

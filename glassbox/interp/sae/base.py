@@ -122,7 +122,9 @@ class SAE(HookedRootModule):
         return x - self.b_dec if self.cfg.apply_b_dec_to_input else x
 
     def normalize_in(self, x: Tensor) -> Tensor:
-        """``normalize_activations`` on the input (config.py); keeps the coefficient for ``decode``."""
+        """``normalize_activations`` on the input (config.py); keeps the coefficient for ``decode``. A row of
+        zeros gets an infinite coefficient under constant_norm_rescale and NaN out, as in SAELens (checking
+        for it would wait on the device every forward)."""
         mode = self.cfg.normalize_activations
         if mode == "none":
             return x
@@ -170,6 +172,13 @@ class SAE(HookedRootModule):
         """The reconstruction [... d_out] (flattened heads for a hook_z SAE), through hook_sae_recons,
         then un-normalised (``normalize_activations``)."""
         return self.normalize_out(self.hook_sae_recons(self.decode_linear(feature_acts)))
+
+    def decoder_directions(self) -> Float[Tensor, "d_sae d_out"]:
+        """What one unit of each feature's activation adds to the reconstruction before any
+        un-normalisation: ``W_dec``, or ``W_dec`` rows over their norms with ``rescale_acts_by_decoder_norm``."""
+        if getattr(self.cfg, "rescale_acts_by_decoder_norm", False):
+            return self.W_dec / self.W_dec.norm(dim=-1, keepdim=True)
+        return self.W_dec
 
     def skip(self, x: Tensor) -> Optional[Tensor]:
         """A skip connection's term added by ``forward`` (a skip transcoder's); None here."""

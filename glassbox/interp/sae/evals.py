@@ -162,7 +162,9 @@ def _sparsity_and_variance(model, sae: SAE, batch: Tensor, mask: Tensor, totals:
     x_hat = sae.decode(feature_acts)
     x = acts.flatten(2).to(sae.device)
     keep = mask.reshape(-1).to(sae.device)
-    x, x_hat = x.reshape(-1, x.shape[-1])[keep], x_hat.reshape(-1, x_hat.shape[-1])[keep].to(x.dtype)
+    # In the wider of the two dtypes, as SAELens (which lets torch promote a half model's activations).
+    wide = torch.promote_types(x.dtype, x_hat.dtype)
+    x, x_hat = x.reshape(-1, x.shape[-1])[keep].to(wide), x_hat.reshape(-1, x_hat.shape[-1])[keep].to(wide)
     flat_acts = feature_acts.reshape(-1, feature_acts.shape[-1])[keep]
     firing = flat_acts != 0
     totals.l0.append(firing.sum(-1).float())

@@ -12,22 +12,25 @@ Contract:
   the SAE runs, so the two agree on a run whose hooks replace nothing). The SAE's own hook points do
   not fire when it is encoded here.
 - ``decompose(cache, sae)``: the value the SAE reconstructs, ``cache[hook]`` at ``sae.cfg.hook_out``
-  (the MLP output for a transcoder), is exactly ``sum_f acts[f] * W_dec[f] + b_dec (+ skip) + error``
-  with ``error = value - (acts @ W_dec + b_dec) (- skip)``, ``skip`` a skip transcoder's
+  (the MLP output for a transcoder), is exactly ``sum_f acts[f] * d[f] + b_dec (+ skip) + error``
+  with ``error = value - (acts @ d + b_dec) (- skip)``, ``d = sae.decoder_directions()`` (``W_dec``; its
+  rows over their norms for a TopK SAE with ``rescale_acts_by_decoder_norm``), ``skip`` a skip transcoder's
   ``x @ W_skip.T`` of its input (None for others): the parts sum to the value to float rounding. A hook_z
   SAE's parts are in its flattened ``(head d_head)`` space; ``Decomposition.value`` is flattened too.
 - ``feature_logit_attrs``: feature f's direct share of the logit of ``tokens`` at each position, the
   way ``logit_attrs`` attributes a residual-stream component: the feature's output in the residual
-  stream (``W_dec[f]``; through ``W_O`` for a hook_z SAE, ``W_out`` for one at ``mlp.hook_post``),
+  stream (``d[f]``; through ``W_O`` for a hook_z SAE, ``W_out`` for one at ``mlp.hook_post``),
   centred (LayerNorm), divided by the final norm's *cached* scale, times its weight, dotted with
   ``W_U[:, token]``; times the feature's activation. The sum over features plus the same of the error
-  and of b_dec is that hook's direct logit attribution.
+  and of b_dec (and of a skip transcoder's skip term) is that hook's direct logit attribution.
 
 Footguns: the direct path of an SAE at ``resid_pre`` (``resid_mid``) of layer L carries the feature's
 decoder vector unchanged to the final norm, ignoring what the later layers do with it: a logit lens of
 the feature, not its total effect (patch it for that, ``feature_patching.py``). A model that soft-caps
 its logits has no exact linear share of them, and a post-norm or sandwich-norm block's outputs are
-normalised again before the stream: both are refused.
+normalised again before the stream: both are refused. So are SAEs that normalise their input
+(``normalize_activations`` other than "none"): their output is un-normalised position by position, so a
+feature's contribution is not ``acts[f] * d[f]``.
 """
 
 from dataclasses import dataclass
@@ -53,6 +56,15 @@ def acts_name(sae: SAE) -> str:
 def check_sae(sae) -> None:
     if not isinstance(sae, SAE):
         raise TypeError(f"expected a glassbox SAE, got {type(sae).__name__}")
+
+
+def check_linear(sae: SAE) -> None:
+    """Refuse an SAE whose output is not ``acts @ decoder_directions() + b_dec`` (a normalising one)."""
+    check_sae(sae)
+    if sae.cfg.normalize_activations != "none":
+        raise ValueError(f"the SAE at {sae.cfg.hook_name} normalises its input "
+                         f"(normalize_activations={sae.cfg.normalize_activations!r}) and un-normalises its output "
+                         "per position, so a feature's contribution is not acts[f] * W_dec[f]; refused")
 
 
 def cached(cache, name: str, why: str) -> Tensor:
@@ -85,7 +97,7 @@ class Decomposition:
     skip: Optional[Tensor] = None  # [batch pos d_out], a skip transcoder's x @ W_skip.T
 
     def contributions(self, features: Optional[Sequence[int]] = None) -> Float[Tensor, "feature batch pos d_out"]:
-        """``acts[..., f] * W_dec[f]`` for each feature (all by default: d_sae x batch x pos x d_out values)."""
+        """``acts[..., f] * W_dec[f]`` (the decoder directions) for each feature (all by default: d_sae x batch x pos x d_out values)."""
         index = torch.arange(self.W_dec.shape[0], device=self.W_dec.device) if features is None else \
             torch.as_tensor(features, device=self.W_dec.device, dtype=torch.long)
         return torch.einsum("bpf,fd->fbpd", self.acts[..., index], self.W_dec[index])
@@ -98,12 +110,12 @@ class Decomposition:
 
 def decompose(cache, sae: SAE) -> Decomposition:
     """The value at ``sae.cfg.hook_out`` as features + decoder bias + error (module docstring)."""
-    check_sae(sae)
+    check_linear(sae)
     acts = feature_acts(cache, sae)
     value = cached(cache, sae.cfg.hook_out, "the SAE writes at").to(sae.device)
     flat = value.flatten(-2) if sae.cfg.reshape_activations == "hook_z" else value
     flat = flat.to(sae.dtype)
-    W_dec, b_dec = sae.W_dec.detach(), sae.b_dec.detach()
+    W_dec, b_dec = sae.decoder_directions().detach(), sae.b_dec.detach()
     skip = None
     if getattr(sae, "W_skip", None) is not None:
         x = cached(cache, sae.cfg.hook_name, "the skip transcoder reads").to(sae.device)
@@ -114,11 +126,13 @@ def decompose(cache, sae: SAE) -> Decomposition:
 
 
 def residual_directions(model, sae: SAE) -> Float[Tensor, "d_sae d_model"]:
-    """Each feature's output written into the residual stream: W_dec, or through W_O / W_out."""
+    """Each feature's output written into the residual stream per unit of activation: its decoder
+    direction (``sae.decoder_directions()``), or that through W_O / W_out."""
+    check_linear(sae)
     cfg = model.cfg
     out = sae.cfg.hook_out
     parts = out.split(".")
-    W_dec = sae.W_dec.detach()
+    W_dec = sae.decoder_directions().detach()
     if out in ("hook_embed", "hook_pos_embed") or (len(parts) == 3 and parts[0] == "blocks" and parts[2] in RESID_HOOKS):
         if cfg.norm_placement == "post":
             raise ValueError(f"post-norm blocks normalise the stream after each sublayer: {out} has no linear "

@@ -321,6 +321,10 @@ def save_sae(sae: SAE, folder: Union[str, Path], sparsity: Optional[torch.Tensor
         raise TypeError(f"save_sae takes a glassbox SAE, got {type(sae).__name__}")
     if isinstance(sae, BatchTopKSAE):
         sae = sae.to_jumprelu()
+    if sae.cfg.is_transcoder and sae.architecture not in TRANSCODERS:
+        raise ValueError(f"save_sae: this {sae.architecture!r} SAE writes at {sae.cfg.hook_name_out!r}, not where "
+                         f"it reads; SAELens would load it as a plain SAE at {sae.cfg.hook_name!r}. Save it as one of "
+                         f"the transcoder architectures ({', '.join(TRANSCODERS)})")
     if sae.dtype not in DTYPE_NAMES:
         raise ValueError(f"save_sae: SAELens's format has no dtype {sae.dtype}")
     folder = Path(folder)

@@ -26,6 +26,7 @@ when the SAE first reads it) and one put at a hook point of another spliced SAE.
 spliced at once, each at its own hook; adding one where another is spliced replaces it (as SAELens).
 """
 
+import weakref
 from contextlib import contextmanager
 from typing import Iterable, Optional, Sequence
 
@@ -37,12 +38,20 @@ from ...hooks.root import unknown_name_message
 from .base import SAE
 
 
+# The model each spliced SAE is in (its hook points carry that model's names while it is).
+SPLICED_IN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 class Capture:
     """The transform at a transcoder's read hook: keeps the value for the write hook, passes it on."""
 
     def __init__(self, sae: SAE):
         self.sae = sae
         self.value: Optional[Tensor] = None
+        self.handle = None  # the model's forward pre-hook that forgets the value at each forward's start
+
+    def forget(self, *_) -> None:
+        self.value = None
 
     def __call__(self, x: Tensor) -> Tensor:
         self.value = x
@@ -81,10 +90,12 @@ class SpliceRun:
             if sae_in is None or sae_in.shape[:2] != x.shape[:2]:
                 raise RuntimeError(f"the transcoder writing at {sae.cfg.hook_out} reads at {sae.cfg.hook_name}, "
                                    "which did not run first in this forward (a run starting past it?)")
+        hooked = [p for p in self.points().values() if (p.fwd_hooks or p.bwd_hooks)]
+        if self.use_error_term and not hooked:
+            return x  # recons + (x - recons), with nothing to see or change it: x itself, exactly
         recons = self.output(sae_in, x)
         if self.use_error_term:
             clean = recons
-            hooked = [p for p in self.points().values() if (p.fwd_hooks or p.bwd_hooks)]
             if hooked:
                 with hooks_off(hooked):
                     clean = self.output(sae_in, x)
@@ -139,6 +150,14 @@ def add_sae(model, sae: SAE, use_error_term: bool = False) -> None:
                          f"move it first (sae.to({str(model_device)!r}))")
     if any(sae is other for other in acts_to_saes(model).values()):
         raise ValueError(f"this SAE is already spliced into the model at {cfg.hook_out}")
+    elsewhere = SPLICED_IN.get(sae)
+    if elsewhere is not None and elsewhere() is not None and elsewhere() is not model:
+        raise ValueError(f"this SAE is spliced into another model (its hook points are named "
+                         f"{sae.hook_sae_input.name!r}); remove it there first, or splice a copy (copy.deepcopy(sae))")
+    if getattr(sae, "batch_dependent", False):
+        raise ValueError(f"the {sae.architecture} SAE at {cfg.hook_name} selects features over the whole batch, so a "
+                         "position's features would depend on the other prompts (and on how the patching engine "
+                         "batches its variants); splice its inference form, sae.to_jumprelu(), as SAELens does")
     remove_sae(model, cfg.hook_out, missing_ok=True)
     if cfg.is_transcoder:
         remove_sae(model, cfg.hook_name, missing_ok=True)
@@ -152,6 +171,10 @@ def add_sae(model, sae: SAE, use_error_term: bool = False) -> None:
         if capture is not None:
             model.remove_splice(cfg.hook_name)
         raise
+    SPLICED_IN[sae] = weakref.ref(model)
+    if capture is not None:
+        # A forward that stopped (or raised) between the two hooks leaves a value the next one must not read.
+        capture.handle = model.register_forward_pre_hook(capture.forget)
 
 
 def remove_sae(model, hook_name: str, missing_ok: bool = False) -> Optional[tuple]:
@@ -166,9 +189,15 @@ def remove_sae(model, hook_name: str, missing_ok: bool = False) -> Optional[tupl
     sae = splice.owner
     write = model.splices[sae.cfg.hook_out]
     use_error_term = write.transform.use_error_term
+    capture = write.transform.capture
     model.remove_splice(sae.cfg.hook_out)
     if sae.cfg.is_transcoder and sae.cfg.hook_name in model.splices:
         model.remove_splice(sae.cfg.hook_name)
+    if capture is not None:
+        capture.forget()
+        if capture.handle is not None:
+            capture.handle.remove()
+    SPLICED_IN.pop(sae, None)
     sae.setup()  # its hook points had the model's long names while spliced; give them back their own
     return sae, use_error_term
 
