@@ -63,13 +63,13 @@ def worker_glassbox(args) -> None:
     import datasets  # noqa: F401  imported before timing, as for SAELens
     from glassbox.scale import export, load_manifest
 
-    if args.worker == "ray-2":
-        import ray  # noqa: F401
+    on_ray = args.worker == "ray-2"
+    if on_ray:
+        import ray  # noqa: F401  imported before timing; starting the cluster is timed
 
     imported = time.perf_counter()
-    ray = args.worker == "ray-2"
     out = export(args.model, args.out_dir, args.hooks.split(","), dataset=args.tokens, batch_size=args.batch_size,
-                 shard_size=args.shard_size, backend="ray" if ray else "local", n_workers=2 if ray else None,
+                 shard_size=args.shard_size, backend="ray" if on_ray else "local", n_workers=2 if on_ray else None,
                  progress=False)
     done = time.perf_counter()
     shards = [{"index": int(k), "tokens": v["token_stop"] - v["token_start"], "wall_s": v["wall_s"],
