@@ -7,7 +7,9 @@ that they compute the same numbers, and times them interleaved (see timing.py): 
 run_with_cache (every hook; only patterns), run_with_hooks with a no-op hook everywhere, the
 resid_pre activation-patching sweep, loading from a folder, and the peak RSS of a full cache in a
 subprocess. Prints a table and writes JSON. TransformerLens is optional: install it to compare (see
-benchmarks/README.md); without it its columns read "-". Not a test: nothing here runs in the suite.
+benchmarks/README.md); without it its columns read "-". TransformerLens 4 and nnsight run as workers in
+their own environments (peers.REMOTE, peer_worker.py) for forward, both caches and the sweep; absent
+ones are named. Not a test: nothing here runs in the suite.
 """
 
 import argparse

@@ -9,6 +9,7 @@ Three peers compute the same [layer pos] table:
   one forward per (layer, position), a forward pre-hook on ``transformer.h[layer]`` overwriting that
   position of the block's input: n_layers * pos + 1 plain forwards, the floor of any unbatched
   sweep and the independent oracle for the other two.
+TransformerLens 4 and nnsight, when their workers run, add theirs (peers_tl4.py, peers_nnsight.py).
 The clean caches of glassbox and TransformerLens are built before timing; both sweeps' own corrupted
 run is inside the timing, as in the transformers loop.
 """
