@@ -117,28 +117,36 @@ def _run(job, manifest, pending, address, n_workers, retries, cpus_per_worker, s
     probe.write_text(token)
     try:
         with ray_cluster(address, num_cpus=num_cpus):
-            resources = ray.cluster_resources()
-            if gpus and resources.get("GPU", 0) < gpus:
-                raise ValueError(f"one replica of the model spec ({model_spec}) needs {gpus} GPU(s) but the Ray "
-                                 f"cluster has {resources.get('GPU', 0):g} (resources {resources})")
-            if n_workers is None:
-                n_workers = int(resources.get("GPU", 0)) // gpus if gpus else int(resources.get("CPU", 0)) // cpus_per_worker
-            n_workers = max(1, min(n_workers, len(pending)))
-            needs = {"CPU": cpus_per_worker, **({"GPU": gpus} if gpus else {})}
-            actor_class = ray.remote(ShardWorker).options(num_cpus=cpus_per_worker, num_gpus=gpus,
-                                                          max_restarts=0, max_task_retries=0)
-            args = (ray.put(job), worker_model_spec(model_spec, gpus), str(probe), token, cpus_per_worker)
-            pool = _Pool(ray, actor_class, args, needs)
-            bar = progress_bar(job, manifest, progress)
-            try:
-                _drive(ray, job, manifest, pool, collections.deque(pending), n_workers, retries, start_timeout_s,
-                       bar)
-            finally:
-                if bar is not None:
-                    bar.close()
-                pool.kill_all()
+            # Every Ray handle (actors, the job's object ref) lives in this call's frame only, so it is
+            # released before the connection closes.
+            _on_cluster(ray, job, manifest, pending, model_spec, gpus, n_workers, retries, cpus_per_worker,
+                        start_timeout_s, progress, str(probe), token)
     finally:
         probe.unlink(missing_ok=True)
+
+
+def _on_cluster(ray, job, manifest, pending, model_spec, gpus, n_workers, retries, cpus_per_worker,
+                start_timeout_s, progress, probe, token) -> None:
+    resources = ray.cluster_resources()
+    if gpus and resources.get("GPU", 0) < gpus:
+        raise ValueError(f"one replica of the model spec ({model_spec}) needs {gpus} GPU(s) but the Ray "
+                         f"cluster has {resources.get('GPU', 0):g} (resources {resources})")
+    if n_workers is None:
+        n_workers = int(resources.get("GPU", 0)) // gpus if gpus else int(resources.get("CPU", 0)) // cpus_per_worker
+    n_workers = max(1, min(n_workers, len(pending)))
+    needs = {"CPU": cpus_per_worker, **({"GPU": gpus} if gpus else {})}
+    actor_class = ray.remote(ShardWorker).options(num_cpus=cpus_per_worker, num_gpus=gpus, max_restarts=0,
+                                                  max_task_retries=0)
+    args = (ray.put(job), worker_model_spec(model_spec, gpus), probe, token, cpus_per_worker)
+    pool = _Pool(ray, actor_class, args, needs)
+    bar = progress_bar(job, manifest, progress)
+    try:
+        _drive(ray, job, manifest, pool, collections.deque(pending), n_workers, retries, start_timeout_s, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+        pool.kill_all()
+        pool.args = None
 
 
 class _Pool:

@@ -7,12 +7,16 @@
   the cluster keeps running. A cluster with token authentication (Ray's default for ``ray start``
   since 2.5x) needs ``RAY_AUTH_MODE=token`` and its token (``~/.ray/auth_token`` or ``RAY_AUTH_TOKEN``)
   in the driver's environment: Ray never enables it for an explicit address.
+- a job that raises: the locals of its failed frames are cleared before the connection closes (Ray
+  handles freed after ``ray.shutdown()`` can crash the process), so a post-mortem debugger sees no
+  locals in the backend's frames.
 - already connected (``ray.init`` called by the caller): used as is and left connected; an ``address``
   naming another cluster is refused (one driver holds one connection).
 """
 
 import contextlib
 import os
+import traceback
 from typing import Iterator, Optional
 
 from .job import SCALE_EXTRA
@@ -60,5 +64,11 @@ def ray_cluster(address: Optional[str], *, num_cpus: Optional[int] = None) -> It
         how = "joined"
     try:
         yield how
+    except BaseException as error:
+        # The failed frames' locals (actor handles, object refs) would outlive the connection, and Ray
+        # crashes when such a handle is freed after ray.shutdown(): drop them first (their code and line
+        # numbers stay in the traceback).
+        traceback.clear_frames(error.__traceback__)
+        raise
     finally:
         ray.shutdown()  # stops the cluster only when we started it; after joining, only disconnects
