@@ -16,6 +16,10 @@ the blocks and attention layers; ``set_use_attn_result``, ``set_use_split_qkv_in
 put them into ``hook_dict``. A gated name asked for while its flag is off raises KeyError naming the
 flag and its setter; a refused combination or turning a flag off under attached hooks raises
 HookFlagError, changing nothing. With every flag off the forward is the unflagged one.
+
+Devices: ``place(device_map)`` (or ``from_pretrained(device_map=..., n_devices=...)``) puts each block,
+the embeddings, the final norm and the unembedding on its own device; ``run_blocks`` then moves the
+residual stream at stage boundaries only (``devices.py`` has the plan forms and the footguns).
 """
 
 from typing import Optional, Union
@@ -26,7 +30,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from ..hooks import HookedRootModule, HookPoint
-from . import components, inputs
+from . import components, devices, inputs
 from .block_variants import block
 from .config import Config
 from .embed import Embed, Unembed
@@ -47,6 +51,7 @@ class HookedTransformer(ModelMethods, SAEMethods, TokenizerMixin, HookedRootModu
                  device: Union[str, torch.device, None] = None, dtype: torch.dtype = torch.float32,
                  hook_flags: Optional[HookFlags] = None):
         super().__init__()
+        self._device_plan = None  # a devices.DevicePlan once placed across devices (see place)
         if not isinstance(cfg, Config):
             raise TypeError(f"HookedTransformer needs a glassbox Config, got {type(cfg).__name__}")
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -83,7 +88,27 @@ class HookedTransformer(ModelMethods, SAEMethods, TokenizerMixin, HookedRootModu
     def __setstate__(self, state: dict) -> None:
         """A copied or unpickled model registers with its own copy of the flags (a copy has no owners)."""
         super().__setstate__(state)
+        self.__dict__.setdefault("_device_plan", None)
         self._hook_flags._add_owner(self)
+
+    # -- devices -----------------------------------------------------------------------------
+    def place(self, device_map) -> "HookedTransformer":
+        """Put the blocks (and embed, ln_final, unembed) on devices per ``device_map``: a dict of parts,
+        a list of devices to split the blocks over, or "auto"/"balanced" (``glassbox.models.devices``).
+        The residual stream then moves at stage boundaries only. Returns the model."""
+        devices.place(self, device_map)
+        return self
+
+    @property
+    def device_plan(self) -> Optional[devices.DevicePlan]:
+        """Where each part runs (a ``DevicePlan``), or None for a model on one device."""
+        return self._device_plan
+
+    def _apply(self, fn, *args, **kwargs):
+        # .to / .cuda / .half go through here: a plan the weights no longer match is rebuilt from them.
+        out = super()._apply(fn, *args, **kwargs)
+        devices.refresh(self)
+        return out
 
     # -- hook flags --------------------------------------------------------------------------
     @property
@@ -268,16 +293,28 @@ class HookedTransformer(ModelMethods, SAEMethods, TokenizerMixin, HookedRootModu
     def run_blocks(self, resid, start, stop, positions, attn_masks, past_kv_cache, return_type, tokens,
                    attention_mask, loss_per_token):
         end = self.cfg.n_layers if stop is None else self.check_stop(stop, start)
-        for block in self.blocks[start:end]:
-            kv = past_kv_cache[block.layer] if past_kv_cache is not None else None
-            resid = block(resid, positions, attn_masks[self.cfg.layer_attn_type(block.layer)], kv)
+        plan = self._device_plan
+        if plan is None:
+            for block in self.blocks[start:end]:
+                kv = past_kv_cache[block.layer] if past_kv_cache is not None else None
+                resid = block(resid, positions, attn_masks[self.cfg.layer_attn_type(block.layer)], kv)
+        else:  # each block on its device; the stream moves where the stage changes
+            stages = devices.Stages(plan, positions, attn_masks)
+            for block in self.blocks[start:end]:
+                kv = past_kv_cache[block.layer] if past_kv_cache is not None else None
+                resid, block_positions, mask = stages.enter_block(block.layer, resid,
+                                                                  self.cfg.layer_attn_type(block.layer))
+                resid = block(resid, block_positions, mask, kv)
         if stop is not None:
             return resid
         if return_type is None:
             return None
-        logits = self.unembed(self.ln_final(resid))
+        logits = self.unembed(self.ln_final(resid)) if plan is None else devices.unembed(self, resid, stages)
         if return_type == "logits":
             return logits
+        if plan is not None and tokens is not None:
+            tokens = tokens.to(logits.device)
+            attention_mask = attention_mask.to(logits.device) if attention_mask is not None else None
         loss = lm_loss(logits, tokens, attention_mask, loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
 
@@ -326,7 +363,10 @@ class HookedTransformer(ModelMethods, SAEMethods, TokenizerMixin, HookedRootModu
     def _stacked(self, module: str, name: str) -> Tensor:
         if module == "mlp" and self.cfg.attn_only:
             raise AttributeError(f"an attention-only model (Config.attn_only=True) has no MLP, so no {name}")
-        return torch.stack([getattr(getattr(block, module), name) for block in self.blocks])
+        tensors = [getattr(getattr(block, module), name) for block in self.blocks]
+        if self._device_plan is not None:  # blocks on several devices: the copy is gathered on the embed's
+            tensors = [t.to(self._device_plan.home) for t in tensors]
+        return torch.stack(tensors)
 
     def _stacked_kv(self, name: str) -> Tensor:
         """Keys' or values' weights per query head: grouped-query kv heads repeated (as TransformerLens)."""
@@ -367,18 +407,22 @@ class HookedTransformer(ModelMethods, SAEMethods, TokenizerMixin, HookedRootModu
     @classmethod
     def from_pretrained(cls, name_or_path: str, device=None, dtype: Union[torch.dtype, str] = torch.float32, **kwargs):
         """Load a local folder, a shipped model, or a Hugging Face repo id (cached or fetched); ``dtype``
-        may be a name ("bfloat16") or "auto" (see ``glassbox.weights.pretrained``)."""
+        may be a name ("bfloat16") or "auto"; ``device_map=`` / ``n_devices=`` place it across devices
+        (see ``glassbox.weights.pretrained``)."""
         from ..weights import from_pretrained
 
         return from_pretrained(name_or_path, device=device, dtype=dtype, **kwargs)
 
     @classmethod
-    def from_hf(cls, hf_model, tokenizer=None, device=None, dtype: Union[torch.dtype, str, None] = None):
+    def from_hf(cls, hf_model, tokenizer=None, device=None, dtype: Union[torch.dtype, str, None] = None,
+                device_map=None, n_devices: Optional[int] = None):
         """Build from an in-memory ``transformers`` model of a family glassbox converts (same weights, no
-        processing); ``dtype`` may be a name or "auto" (the model's own)."""
+        processing); ``dtype`` may be a name or "auto" (the model's own); ``device_map``/``n_devices``
+        place the blocks across devices (``glassbox.models.devices``)."""
         from ..weights import from_hf
 
-        return from_hf(hf_model, tokenizer=tokenizer, device=device, dtype=dtype)
+        return from_hf(hf_model, tokenizer=tokenizer, device=device, dtype=dtype, device_map=device_map,
+                       n_devices=n_devices)
 
     def run_with_cache(self, *args, **kwargs):
         """Run and cache activations; see ``glassbox.interp.cache.run_with_cache``."""
