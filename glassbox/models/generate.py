@@ -24,6 +24,8 @@ Contract:
   logit, counting the real tokens of the row so far (prompt and new; pads are not counted, where
   TransformerLens counts them). ``verbose`` shows a tqdm progress bar over the steps.
 - ``generate_from_embeds`` continues from token embeddings (a soft prompt), recomputing every step.
+- On a model placed across devices (``glassbox.models.devices``) each block's keys and values stay on
+  its device; the tokens, the sampling and the returned logits are on the embed's device.
 - ``generate_tl_style`` is TransformerLens's ``HookedTransformer.generate`` (its argument names,
   defaults and return types) in terms of ``generate``.
 
@@ -130,6 +132,7 @@ def generate(model, input: Union[str, list, Integer[Tensor, "batch pos"], np.nda
                         last = get_last_token_logits(model(tokens, attention_mask=mask, past_kv_cache=kv), mask)
                     else:
                         last = model(out[:, -1:], past_kv_cache=kv)[:, -1]
+                    last = last.to(tokens.device)  # placed across devices: the unembed's may be another
                     step_logits.append(last)
                     penalty = freq_penalty * counts if counts is not None else None
                     new = sample_next(last, do_sample, temperature, top_k, top_p, generator, penalty)
@@ -193,7 +196,7 @@ def generate_from_embeds(model, embeds: Float[Tensor, "batch pos d_model"], max_
                     if model.pos_embed is not None:
                         positions = torch.arange(embeds.shape[1], device=embeds.device).expand(embeds.shape[:2])
                         resid = embeds + model.hook_pos_embed(model.pos_embed(positions))
-                    last = model(resid, start_at_layer=0)[:, -1]
+                    last = model(resid, start_at_layer=0)[:, -1].to(embeds.device)
                     step_logits.append(last)
                     new = sample_next(last, do_sample, temperature, top_k, top_p, generator)
                     if stops is not None:
