@@ -30,6 +30,7 @@ from typing import Optional, Union
 import torch
 
 from ..models import Config, HookedTransformer
+from ..models.devices import requested_map
 from .architectures import ARCHITECTURES, architecture_of_type
 from .checks import check_against_weights, check_config_fields
 from .export import recover, save_pretrained, to_hf
@@ -208,19 +209,26 @@ def auto_dtype(config: dict, folder: Path, tensors: Optional[dict] = None) -> to
 
 
 def from_pretrained(name_or_path, device=None, dtype: Union[torch.dtype, str] = torch.float32, tokenizer=None,
-                    **kwargs) -> HookedTransformer:
+                    device_map=None, n_devices: Optional[int] = None, **kwargs) -> HookedTransformer:
     """Load a folder, a shipped model or a Hugging Face repo id (see the module docstring; ``dtype`` may
     be "auto"); weight processing (``fold_ln``, ``center_reader_weights``, ``center_writing_weights``,
     ``center_unembed``, ``fold_value_biases``, ``refactor_factored_attn_matrices``, all False by
-    default) is opt-in and recorded on ``model.processing``."""
+    default) is opt-in and recorded on ``model.processing``.
+
+    ``device_map`` (a dict of parts, a list of devices, "auto" or "balanced") or ``n_devices`` (the
+    blocks split over cuda:0 .. cuda:n-1) place the model across devices (``glassbox.models.devices``):
+    it is then loaded and processed on the CPU, and each part moved to its device."""
     steps = {step: bool(kwargs.pop(step)) for step in ALL_STEPS if step in kwargs}
     if kwargs:
         raise TypeError(f"unexpected options for from_pretrained: {', '.join(kwargs)}; weight processing "
                         f"options are {', '.join(ALL_STEPS)}")
     as_dtype(dtype)  # a bad dtype is refused before anything is fetched
+    placement = requested_map(device, device_map, n_devices)
     folder = resolve(name_or_path)
-    model = load_folder(folder, device=device, dtype=dtype, tokenizer=tokenizer, model_name=_model_name(name_or_path))
-    return process(model, **steps) if any(steps.values()) else model
+    model = load_folder(folder, device="cpu" if placement is not None else device, dtype=dtype, tokenizer=tokenizer,
+                        model_name=_model_name(name_or_path))
+    model = process(model, **steps) if any(steps.values()) else model
+    return model.place(placement) if placement is not None else model
 
 
 def _model_name(name_or_path) -> Optional[str]:
@@ -348,10 +356,15 @@ def build(cfg: Config, state: dict, tokenizer, device, dtype,
     return model.eval()
 
 
-def from_hf(hf_model, tokenizer=None, device=None, dtype: Union[torch.dtype, str, None] = None) -> HookedTransformer:
+def from_hf(hf_model, tokenizer=None, device=None, dtype: Union[torch.dtype, str, None] = None,
+            device_map=None, n_devices: Optional[int] = None) -> HookedTransformer:
     """An in-memory ``transformers`` model of an architecture glassbox converts -> HookedTransformer with
-    the same weights; ``dtype`` None or "auto" keeps the model's own."""
+    the same weights; ``dtype`` None or "auto" keeps the model's own. ``device_map`` / ``n_devices`` as
+    for ``from_pretrained`` (built on the CPU, then placed)."""
     dtype = as_dtype(dtype)
+    placement = requested_map(device, device_map, n_devices)
+    if placement is not None:
+        return from_hf(hf_model, tokenizer, "cpu", dtype).place(placement)
     arch = architecture_of_type(getattr(hf_model.config, "model_type", None), source=type(hf_model).__name__,
                                 hf_architectures=[type(hf_model).__name__])
     cfg = arch.config_from(hf_model.config)
