@@ -24,7 +24,10 @@ Contract:
   and compared with the memory available on the device the cache lands on (CPU: MemAvailable of
   /proc/meminfo; CUDA: ``torch.cuda.mem_get_info`` plus what torch's allocator holds unused). A cache
   that cannot fit raises ``CacheMemoryError`` (a ``MemoryError``) with both numbers and the ways out;
-  ``check_memory=False`` skips the check. Hook points added to a model after it was built (a spliced
+  ``check_memory=False`` skips the check. On a model placed across devices
+  (``glassbox.models.devices``), ``device=None`` leaves each activation on its part's device and
+  checks each device's share there; ``device=`` gathers the whole cache on that device. Hook points
+  added to a model after it was built (a spliced
   SAE's, for instance) have no ``HOOK_SHAPES`` entry: they are cached, but their bytes are not counted. A cache that fits but exceeds ``CACHE_BUDGET_BYTES`` (set
   it to change the budget) warns with the predicted size and how to filter.
 
@@ -44,6 +47,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from ..models.devices import hook_device, plan_of
 from ..models.hook_shapes import axis_sizes, hook_shape
 from .activation_cache import ActivationCache
 
@@ -223,16 +227,23 @@ def _check_budget(model, tokens: Tensor, names: list, device, dtype, incl_bwd: b
     flags = getattr(model, "hook_flags", None)
     names = [name for name in names if _has_shape(name, flags, model.cfg)]
     size = cache_size(model, tokens.shape, names, dtype, incl_bwd)
-    where = device if device is not None else next(model.parameters()).device
-    free = available_bytes(where) if check_memory else None
     shape = tuple(tokens.shape)
-    if free is not None and size > free:
-        raise CacheMemoryError(
-            f"run_with_cache would cache {size} bytes ({size / 2**30:.2f} GiB) of {len(names)} activation(s) "
-            f"for input of shape {shape} on {where}, but {free} bytes ({free / 2**30:.2f} GiB) are available "
-            "there. Cache less with names_filter (model.cache_size(shape, names_filter) predicts the bytes), a "
-            "smaller batch or shorter input, dtype=torch.float16, or device= a device with room (e.g. 'cpu' "
-            "for a GPU model); or pass check_memory=False to run anyway.")
+    if device is not None or plan_of(model) is None:
+        groups = {device if device is not None else next(model.parameters()).device: names}
+    else:  # left in place on a model placed across devices: each activation stays on its part's device
+        groups = {}
+        for name in names:
+            groups.setdefault(hook_device(model, name), []).append(name)
+    for where, group in groups.items():
+        part = size if len(groups) == 1 else cache_size(model, tokens.shape, group, dtype, incl_bwd)
+        free = available_bytes(where) if check_memory else None
+        if free is not None and part > free:
+            raise CacheMemoryError(
+                f"run_with_cache would cache {part} bytes ({part / 2**30:.2f} GiB) of {len(group)} activation(s) "
+                f"for input of shape {shape} on {where}, but {free} bytes ({free / 2**30:.2f} GiB) are available "
+                "there. Cache less with names_filter (model.cache_size(shape, names_filter) predicts the bytes), a "
+                "smaller batch or shorter input, dtype=torch.float16, or device= a device with room (e.g. 'cpu' "
+                "for a GPU model); or pass check_memory=False to run anyway.")
     if size > CACHE_BUDGET_BYTES:
         warnings.warn(
             f"caching {len(names)} activation(s) for input of shape {shape} takes {size / 2**30:.2f} GiB, "
