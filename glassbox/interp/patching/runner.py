@@ -20,6 +20,13 @@ corrupted tokens would pass on).
 
 Footgun: the blocks are called directly (``block(resid, positions, attn_mask, kv)``), with the
 patching hooks attached through ``model.hooks`` so they are removed even when something raises.
+
+On a model placed across devices (``glassbox.models.devices``) each block runs on its device, with
+the corrupted run's keys, values and activations kept where that run made them; the residual stream
+moves at stage boundaries only, and the logits are read out on the embed's device, where the
+callers' masks, clean values and metric targets are. A patching hook given here, built by its caller
+on the embed's device, is called there: at a block on another device its activation goes to the
+embed's device and the result comes back (two copies per patched hook point and pass).
 """
 
 from dataclasses import dataclass, field
@@ -28,7 +35,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from ...models import KVCache
+from ...models import KVCache, devices
 from ...models.kv_cache import LayerKV
 from ...models.masks import positions_for
 
@@ -100,8 +107,16 @@ def run_blocks(model, base: BaseRun, resid: Tensor, start: int, stop: int, first
     """
     span = resid.shape[1]
     key_mask = base.key_mask.repeat(n_variants, 1) if base.key_mask is not None else None
-    positions = positions_for(resid[..., 0], key_mask, first)
-    attn_masks = model.layer_masks(key_mask, span, first + span, resid.device)
+    plan = devices.plan_of(model)
+    where = resid.device if plan is None else base.tokens.device  # the key mask's device
+    shape_of = resid[..., 0] if plan is None else torch.empty(resid.shape[:2], dtype=torch.long, device=where)
+    positions = positions_for(shape_of, key_mask, first)
+    attn_masks = model.layer_masks(key_mask, span, first + span, where)
+    stages = None
+    if plan is not None:
+        stages = devices.Stages(plan, positions, attn_masks)
+        if any(d != base.tokens.device for d in plan.devices):
+            hooks = [(name, at_device(fn, base.tokens.device)) for name, fn in hooks]
     with model.hooks(fwd_hooks=hooks):
         for layer in range(start, stop):
             kv = None
@@ -110,8 +125,24 @@ def run_blocks(model, base: BaseRun, resid: Tensor, start: int, stop: int, first
                 kv = LayerKV()
                 kv.k = base.kv[layer].k[:, :first].repeat(n_variants, 1, 1, 1)
                 kv.v = base.kv[layer].v[:, :first].repeat(n_variants, 1, 1, 1)
-            resid = model.blocks[layer](resid, positions, attn_masks[model.cfg.layer_attn_type(layer)], kv)
+            attn_type = model.cfg.layer_attn_type(layer)
+            if stages is None:
+                resid = model.blocks[layer](resid, positions, attn_masks[attn_type], kv)
+            else:
+                resid, block_positions, mask = stages.enter_block(layer, resid, attn_type)
+                resid = model.blocks[layer](resid, block_positions, mask, kv)
     return resid
+
+
+def at_device(fn, device):
+    """``fn`` called with its activation on ``device``, its result returned to the activation's device."""
+    def hook(act: Tensor, hook):
+        if act.device == device:
+            return fn(act, hook)
+        moved = act.to(device)
+        out = fn(moved, hook)
+        return (out if out is not None else moved).to(act.device)
+    return hook
 
 
 def run_staggered(model, base: BaseRun, first: int, joining: dict, make_hooks, stop: Optional[int] = None) -> Tensor:
@@ -124,6 +155,8 @@ def run_staggered(model, base: BaseRun, first: int, joining: dict, make_hooks, s
     resid, n_variants = None, 0
     for layer in range(min(joining), model.cfg.n_layers if stop is None else stop):
         n_before = n_variants
+        if resid is not None:
+            resid = devices.cross(model, layer - 1, layer, resid)  # onto this block's device
         if joining.get(layer, 0):
             fresh = start_resid(base, layer, first, joining[layer])
             resid = fresh if resid is None else torch.cat([resid, fresh])
@@ -145,14 +178,15 @@ def read_resid(base: BaseRun, final: Tensor, first: int, read_pos: Tensor) -> Te
     from the corrupted run, which no variant computed from ``first`` changed there.
     """
     rows = torch.arange(final.shape[0], device=final.device)
+    read_pos = read_pos.to(final.device)
     x = final[rows, (read_pos - first).clamp(min=0)]
     prefix = base.final[rows % base.n_prompts, read_pos]
     return torch.where((read_pos >= first)[:, None], x, prefix)
 
 
 def unembed(model, resid: Tensor) -> Tensor:
-    """Logits from the residual stream leaving the last block (final norm, then W_U)."""
-    return model.unembed(model.ln_final(resid))
+    """Logits from the residual stream leaving the last block (final norm, then W_U), on the embed's device."""
+    return devices.to_home(model, devices.unembed(model, resid))
 
 
 def full_logits(model, base: BaseRun, final: Tensor, first: int, n_variants: int) -> Tensor:
