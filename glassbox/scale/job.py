@@ -145,7 +145,7 @@ def build_model(model_spec: dict):
 
 def run_job(job, out_dir: Union[str, Path], *, backend: str = "local", ray_address: Optional[str] = None,
             n_workers: Optional[int] = None, resume: bool = False, progress: bool = True, model=None,
-            retries: int = 3) -> Any:
+            retries: int = 3, cpus_per_worker: int = 1) -> Any:
     """Run ``job`` into ``out_dir`` and return ``job.finalize(out_dir, entries)``.
 
     Args:
@@ -157,6 +157,7 @@ def run_job(job, out_dir: Union[str, Path], *, backend: str = "local", ray_addre
         model: local only, an already built model used instead of ``build_model(job.model_spec())``
             (it must be the model the spec describes: the manifest records the spec).
         retries: ray only, how often a shard whose worker died is tried again.
+        cpus_per_worker: ray only, the CPUs each replica reserves (its torch thread count).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -177,5 +178,5 @@ def run_job(job, out_dir: Union[str, Path], *, backend: str = "local", ray_addre
                 raise ImportError(f"backend='ray' needs ray: {SCALE_EXTRA}") from error
             raise
         entries = run_ray(job, out_dir, address=ray_address, n_workers=n_workers, resume=resume,
-                          progress=progress, retries=retries)
+                          progress=progress, retries=retries, cpus_per_worker=cpus_per_worker)
     return job.finalize(out_dir, entries)
