@@ -100,16 +100,23 @@ def load_checkpoint(folder: Union[str, Path]) -> tuple:
 
     Raises CheckpointError naming the file if the folder is not a complete, undamaged checkpoint.
     """
+    return read_checkpoint(folder, Config, STATE_KEYS, "training checkpoint", "a glassbox trainer state")
+
+
+def read_checkpoint(folder: Union[str, Path], config_class, state_keys: tuple, what: str, state_what: str) -> tuple:
+    """(config_class(**config.json), model.safetensors' tensors, trainer_state.pt) of a checkpoint folder,
+    recovered first (see recover_checkpoint); CheckpointError naming the file for anything missing or
+    damaged, or a trainer state without ``state_keys``. Shared by the model's and the SAE's trainers."""
     from ..weights.files import read_safetensors
 
     folder = Path(folder)
     if not recover_checkpoint(folder):
-        raise CheckpointError(f"no training checkpoint at {folder}")
+        raise CheckpointError(f"no {what} at {folder}")
     for name in (MODEL_FILE, CONFIG_FILE, STATE_FILE):
         if not (folder / name).is_file():
-            raise CheckpointError(f"{folder} is not a training checkpoint: {name} is missing")
+            raise CheckpointError(f"{folder} is not a {what}: {name} is missing")
     try:
-        cfg = Config(**json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8")))
+        cfg = config_class(**json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8")))
     except (ValueError, TypeError, UnicodeDecodeError) as error:
         raise CheckpointError(f"damaged checkpoint file {folder / CONFIG_FILE}: {first_line(error)}") from error
     try:
@@ -122,9 +129,9 @@ def load_checkpoint(folder: Union[str, Path]) -> tuple:
     except Exception as error:  # torch raises UnpicklingError, RuntimeError, EOFError, ... for bad files
         raise CheckpointError(f"damaged or unsafe checkpoint file {folder / STATE_FILE}: "
                               f"{first_line(error)}") from error
-    if not isinstance(trainer_state, dict) or any(key not in trainer_state for key in STATE_KEYS):
-        raise CheckpointError(f"checkpoint file {folder / STATE_FILE} is not a glassbox trainer state "
-                              f"(needs the keys {', '.join(STATE_KEYS)})")
+    if not isinstance(trainer_state, dict) or any(key not in trainer_state for key in state_keys):
+        raise CheckpointError(f"checkpoint file {folder / STATE_FILE} is not {state_what} "
+                              f"(needs the keys {', '.join(state_keys)})")
     return cfg, state, trainer_state
 
 
