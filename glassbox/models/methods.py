@@ -129,7 +129,7 @@ class ModelMethods:
             for module, name in (("attn", "b_O"), ("mlp", "b_out"))[: 2 if with_mlp else 1]:
                 bias = getattr(getattr(block, module, None), name, None)
                 if bias is not None:
-                    total = total + bias
+                    total = total + bias.to(total.device)  # a placed model keeps biases on their stages
         return total
 
     def all_head_labels(self) -> list:

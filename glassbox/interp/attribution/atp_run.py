@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ...models import devices
 from ..patching.metrics import PositionMetric, VariantMetric
 from ..patching.user_hooks import readout_hooked
 from .nodes import NodeSpec, check_act, expected_shape
@@ -119,7 +120,7 @@ def corrupted_forward(model, tokens: Tensor, key_mask: Optional[Tensor], metric,
             resid = model(tokens, attention_mask=key_mask, stop_at_layer=model.cfg.n_layers)
             rows = torch.arange(tokens.shape[0], device=tokens.device)
             read = resid[rows, metric.positions(tokens.shape[0], tokens.shape[1], tokens.device)][:, None]
-            values = metric.read(model.unembed(model.ln_final(read))[:, 0])
+            values = metric.read(devices.unembed(model, read)[:, 0])
         else:
             values = metric(model(tokens, attention_mask=key_mask))
     name = getattr(metric, "name", getattr(metric, "__name__", "metric"))

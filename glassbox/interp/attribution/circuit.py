@@ -39,6 +39,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
+from ...models import devices
 from ..patching.metrics import PositionMetric, VariantMetric
 from . import edges
 from .graph import Graph
@@ -326,10 +327,10 @@ class CircuitRun:
         if isinstance(metric, PositionMetric):
             rows = torch.arange(resid.shape[0], device=self.device)
             pos = metric.positions(resid.shape[0], self.seq_len, self.device)
-            logits = model.unembed(model.ln_final(resid[rows, pos][:, None]))[:, 0]
+            logits = devices.unembed(model, resid[rows, pos][:, None])[:, 0]
             values = metric.read(logits)
         else:
-            logits = model.unembed(model.ln_final(resid))
+            logits = devices.unembed(model, resid)
             if isinstance(metric, VariantMetric):
                 return metric.values(logits, P)[:, None]
             values = metric(logits)
