@@ -34,6 +34,6 @@ def test_readme_transformer_lens_block_runs_in_its_own_process(tmp_path):
 def test_readme_set_up_commands_match_ci():
     text = README.read_text()
     ci = (README.parent / ".ci" / "run").read_text()
-    test_command = "pip install torch==2.13.0 && pip install -e '.[test]' && python -m pytest -q"
+    test_command = "pip install torch==2.13.0 && pip install -e '.[test,scale]' && python -m pytest -q"
     assert test_command in text and test_command in ci
     assert "pip install torch==2.13.0 && pip install -e . && glassbox demo" in text

@@ -205,14 +205,28 @@ def training_normalization(folder: Path, cfg: SAEConfig):
     return lambda sae: sae.fold_activation_whitening(stats["mean"], stats["matrix"], stats["inverse_matrix"])
 
 
+SHIPPED_SAES_DIR = Path(__file__).resolve().parents[2] / "assets" / "saes"
+
+
+def shipped_folder(folder: Union[str, Path]) -> Path:
+    """``folder``, or the shipped SAE of that name when ``folder`` does not exist and one is shipped."""
+    path = Path(folder)
+    if not path.exists() and isinstance(folder, str) and path.name == folder \
+            and (SHIPPED_SAES_DIR / folder / CFG_FILENAME).is_file():
+        return SHIPPED_SAES_DIR / folder
+    return path
+
+
 def load_sae(folder: Union[str, Path], device: Union[str, torch.device, None] = None,
              dtype: Union[torch.dtype, str, None] = None, model=None) -> SAE:
     """The SAE saved in ``folder`` (SAELens's format, module docstring).
 
     ``device``: None is the model's device when ``model`` is given, else "cpu" (as SAELens's
     ``load_from_disk``); ``dtype``: None is the config's ``dtype``. With ``model``, the SAE's hooks and
-    widths are checked against the model's (``SAE.check_fits``). Every refusal names the file and key."""
-    folder = Path(folder)
+    widths are checked against the model's (``SAE.check_fits``). Every refusal names the file and key.
+    ``folder`` may also name an SAE shipped with glassbox (``"glassbox-austen-L1-resid-pre"``: a folder of
+    ``glassbox/assets/saes``) when no folder of that name exists."""
+    folder = shipped_folder(folder)
     cfg_path = folder / CFG_FILENAME
     raw = read_config(folder)
     cfg = config_from_dict(raw, str(cfg_path))
