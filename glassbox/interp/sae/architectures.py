@@ -39,6 +39,7 @@ class TopKSAE(SAE):
     """TopK SAE (SAELens's "topk"): ``cfg.k`` features kept per position (see the module docstring)."""
 
     architecture = "topk"
+    can_rescale = True
 
     def __init__(self, cfg: SAEConfig, device=None, dtype: torch.dtype = torch.float32):
         if isinstance(cfg, SAEConfig) and (isinstance(cfg.k, bool) or not isinstance(cfg.k, int)
@@ -51,11 +52,6 @@ class TopKSAE(SAE):
             hidden_pre = hidden_pre * self.W_dec.norm(dim=-1)
         values, indices = torch.topk(hidden_pre, k=self.cfg.k, dim=-1, sorted=False)
         return torch.zeros_like(hidden_pre).scatter_(-1, indices, values.relu())
-
-    def decode_linear(self, feature_acts: Tensor) -> Tensor:
-        if self.cfg.rescale_acts_by_decoder_norm:
-            feature_acts = feature_acts * (1 / self.W_dec.norm(dim=-1))
-        return feature_acts @ self.W_dec + self.b_dec
 
     @torch.no_grad()
     def fold_W_dec_norm(self) -> None:
@@ -92,6 +88,7 @@ class BatchTopKSAE(SAE):
     on the rest of the batch (``batch_dependent``)."""
 
     architecture = "batchtopk"
+    can_rescale = True
     batch_dependent = True
 
     def __init__(self, cfg: SAEConfig, device=None, dtype: torch.dtype = torch.float32):
@@ -107,11 +104,6 @@ class BatchTopKSAE(SAE):
         if self.cfg.rescale_acts_by_decoder_norm:
             hidden_pre = hidden_pre * self.W_dec.norm(dim=-1)
         return batch_topk(hidden_pre.relu(), self.cfg.k)
-
-    def decode_linear(self, feature_acts: Tensor) -> Tensor:
-        if self.cfg.rescale_acts_by_decoder_norm:
-            feature_acts = feature_acts * (1 / self.W_dec.norm(dim=-1))
-        return feature_acts @ self.W_dec + self.b_dec
 
     @torch.no_grad()
     def fold_W_dec_norm(self) -> None:

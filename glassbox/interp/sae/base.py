@@ -164,8 +164,18 @@ class SAE(HookedRootModule):
         """Feature activations [... d_sae] of ``x`` [... d_in] (or [... head d_head] for a hook_z SAE)."""
         return self.hook_sae_acts_post(self.activation(self.encode_pre(x)))
 
+    # Architectures whose activations may be in units of pre-activation x decoder norm (TopK, BatchTopK).
+    can_rescale = False
+
+    @property
+    def rescaled(self) -> bool:
+        """Whether decode divides the activations by the decoder norms (``rescale_acts_by_decoder_norm``)."""
+        return self.can_rescale and self.cfg.rescale_acts_by_decoder_norm
+
     def decode_linear(self, feature_acts: Tensor) -> Tensor:
-        """``feature_acts @ W_dec + b_dec`` (TopK with rescale_acts_by_decoder_norm overrides)."""
+        """``feature_acts @ W_dec + b_dec``, the activations first divided by the decoder norms when ``rescaled``."""
+        if self.rescaled:
+            feature_acts = feature_acts * (1 / self.W_dec.norm(dim=-1))
         return feature_acts @ self.W_dec + self.b_dec
 
     def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_out"]:
@@ -175,8 +185,8 @@ class SAE(HookedRootModule):
 
     def decoder_directions(self) -> Float[Tensor, "d_sae d_out"]:
         """What one unit of each feature's activation adds to the reconstruction before any
-        un-normalisation: ``W_dec``, or ``W_dec`` rows over their norms with ``rescale_acts_by_decoder_norm``."""
-        if getattr(self.cfg, "rescale_acts_by_decoder_norm", False):
+        un-normalisation: ``W_dec``, or ``W_dec`` rows over their norms when ``rescaled``."""
+        if self.rescaled:
             return self.W_dec / self.W_dec.norm(dim=-1, keepdim=True)
         return self.W_dec
 
