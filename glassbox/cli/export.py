@@ -44,23 +44,30 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _require(module: str, flag: str) -> None:
+def require_package(module: str, flag: str) -> None:
+    """A usage error naming the scale extra when ``module`` (ray, datasets) is not installed."""
     try:
         importlib.import_module(module)
     except ImportError:
         raise UsageError(f"{flag} needs the Python package {module!r}, which is not installed: {INSTALL}") from None
 
 
-def run(args) -> int:
-    hooks = [h.strip() for h in args.hooks.split(",") if h.strip()]
-    if not hooks:
-        raise UsageError(f"--hooks {args.hooks!r} names no hook; give e.g. blocks.0.hook_resid_post")
+def ray_requested(args) -> bool:
+    """Whether --ray or --ray-address asks for Ray (then installed); --workers needs one of them."""
     use_ray = args.ray or args.ray_address is not None
     if args.workers is not None and not use_ray:
         raise UsageError("--workers needs --ray (or --ray-address)")
     if use_ray:
-        _require("ray", "--ray")
-    _require("datasets", "export (it writes Arrow)")
+        require_package("ray", "--ray")
+    return use_ray
+
+
+def run(args) -> int:
+    hooks = [h.strip() for h in args.hooks.split(",") if h.strip()]
+    if not hooks:
+        raise UsageError(f"--hooks {args.hooks!r} names no hook; give e.g. blocks.0.hook_resid_post")
+    use_ray = ray_requested(args)
+    require_package("datasets", "export (it writes Arrow)")
     from ..scale.export import export
 
     with user_errors(ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError, OSError):

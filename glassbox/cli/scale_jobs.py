@@ -13,14 +13,13 @@ atp), ``graph.json`` (EAP), ``eval.json`` (evaluate). ``--resume`` continues an 
 the shards that verify. ``--ray`` needs ``ray``, a datasets folder ``datasets``: ``pip install -e '.[scale]'``.
 """
 
-import importlib
 from pathlib import Path
 
 from .common import positive_int
 from .errors import UsageError, device_arg, user_errors
+from .export import ray_requested, require_package
 
 MODEL_DTYPES = ("float32", "float64", "float16", "bfloat16", "auto")
-INSTALL = "pip install -e '.[scale]'"
 METRICS = ("logit_diff", "target_prob", "target_loss")
 ATTRIBUTION_METHODS = ("atp", "atp*", "EAP", "EAP-IG-inputs", "EAP-IG-activations")
 
@@ -71,21 +70,10 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run_evaluate)
 
 
-def _require(module: str, flag: str) -> None:
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        raise UsageError(f"{flag} needs the Python package {module!r}, which is not installed: {INSTALL}") from None
-
-
 def _backend(args) -> dict:
-    use_ray = args.ray or args.ray_address is not None
-    if args.workers is not None and not use_ray:
-        raise UsageError("--workers needs --ray (or --ray-address)")
-    if use_ray:
-        _require("ray", "--ray")
+    use_ray = ray_requested(args)
     if Path(args.pairs).is_dir():
-        _require("datasets", "--pairs FOLDER (a datasets folder)")
+        require_package("datasets", "--pairs FOLDER (a datasets folder)")
     return {"batch_size": args.batch_size, "shard_size": args.shard_size, "device": args.device, "dtype": args.dtype,
             "prepend_bos": not args.no_bos, "backend": "ray" if use_ray else "local",
             "ray_address": args.ray_address, "n_workers": args.workers, "resume": args.resume,
