@@ -135,11 +135,7 @@ def clean_leftovers(path: PathLike) -> None:
     """Remove the temporary siblings that killed writes of ``path`` left (``.glassbox-tmp-*-NAME``)."""
     path = Path(path)
     tails = {"-" + path.name, "-" + temp_name(path.name, "")[len(TMP_PREFIX) + 1:]}
-    try:
-        entries = os.listdir(path.parent)
-    except OSError:
-        return
-    for entry in entries:
+    for entry in os.listdir(path.parent):
         if entry.startswith(TMP_PREFIX) and any(entry.endswith(t) and len(entry) == len(TMP_PREFIX) + 12 + len(t)
                                                 for t in tails):
             if not os.path.isdir(path.parent / entry):
@@ -149,8 +145,12 @@ def clean_leftovers(path: PathLike) -> None:
 def write_file(path: PathLike, fill: Callable[[Path], None]) -> Path:
     """Replace ``path`` whole by what ``fill(tmp)`` writes at the temporary path ``tmp``; returns ``path``."""
     path = target_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    clean_leftovers(path)
+    try:
+        if not path.parent.is_dir():
+            path.parent.mkdir(parents=True, exist_ok=True)
+        clean_leftovers(path)
+    except OSError as error:
+        raise as_os_error(error, path) from error
     tmp = path.parent / temp_name(path.name, new_token())
     try:
         fill(tmp)

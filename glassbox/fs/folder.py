@@ -147,10 +147,11 @@ def _read_journal(journal: Path) -> dict:
     for src, dst in renames:
         if not src.startswith(TMP_PREFIX) or src.count("/") > 1 or ".." in src.split("/"):
             raise FolderStateError(errno.EINVAL, f"damaged glassbox journal: rename source {src!r}", str(journal))
-        if dst != RECORD:
-            check_name(dst)
-    for name in delete:
-        check_name(name)
+    try:
+        for name in [dst for _, dst in renames if dst != RECORD] + delete:
+            check_name(name)
+    except ValueError as error:
+        raise FolderStateError(errno.EINVAL, f"damaged glassbox journal: {error}", str(journal)) from None
     return plan
 
 
@@ -174,6 +175,12 @@ def _remove_leftovers(folder: Path) -> None:
                 shutil.rmtree(path)
             else:
                 os.unlink(path)
+
+
+def _keep_mode(target: Path, tmp: Path) -> None:
+    """A file replaced keeps its permission bits."""
+    if target.is_file():
+        os.chmod(tmp, os.stat(target).st_mode & 0o7777)
 
 
 class FolderWriter:
@@ -231,6 +238,7 @@ class FolderWriter:
             fill(tmp)
             if not tmp.is_file():
                 raise FileNotFoundError(errno.ENOENT, f"the writer of {target} wrote nothing", str(tmp))
+            _keep_mode(target, tmp)
             fsync_file(tmp)
         except BaseException as error:
             remove_quietly(tmp)
@@ -274,6 +282,7 @@ class FolderWriter:
                 if (self.folder / name).is_dir() and not (self.folder / name).is_symlink():
                     raise IsADirectoryError(errno.EISDIR, f"cannot write the file {name}: it is a folder",
                                             str(self.folder / name))
+                _keep_mode(self.folder / name, path)
                 fsync_file(path)
         except BaseException as error:
             shutil.rmtree(tree, ignore_errors=True)
