@@ -4,6 +4,7 @@
   ``save_torch``, ``save_safetensors``; ``append_text`` for logs).
 - ``folder``: a folder of several files replaced in place, keeping a user's other files
   (``FolderWriter``), and ``recover`` for a folder whose save was interrupted.
+- ``legacy``: recovering what the savers of earlier glassbox versions left beside a folder.
 
 Errors of the OS surface as ``OSError`` naming the file written (errno kept). This package imports
 nothing of glassbox and no torch at import time.
