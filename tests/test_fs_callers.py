@@ -130,3 +130,61 @@ def test_an_sae_left_aside_by_the_earlier_two_rename_save_is_put_back(tmp_path):
     (tmp_path / "s.old").mkdir()  # a user's folder that only looks like a leftover
     assert same_sae(load_sae(tmp_path / "s"), sae(seed=3))
     assert sorted(os.listdir(tmp_path)) == ["s", "s.old"]
+
+
+# -- save_pretrained --------------------------------------------------------------------------------
+def tiny_model(n_layers, seed):
+    from glassbox import Config, HookedTransformer
+
+    torch.manual_seed(seed)
+    return HookedTransformer(Config(d_model=15, n_layers=n_layers, n_heads=3, d_mlp=22, d_vocab=29, n_ctx=17)).eval()
+
+
+def model_logits(model):
+    with torch.no_grad():
+        return model(torch.tensor([[1, 5, 2, 28, 7]]))
+
+
+def test_save_pretrained_keeps_look_alikes_and_drops_only_the_shards_the_index_names(tmp_path):
+    """A folder an earlier glassbox wrote, sharded (no record): its index names a.safetensors and
+    b.safetensors; model-backup.safetensors and pytorch_model-old.bin are the user's."""
+    from safetensors.torch import save_file
+
+    from glassbox.weights import from_pretrained, save_pretrained, to_hf
+
+    old, new = tiny_model(2, 0), tiny_model(3, 1)
+    folder = tmp_path / "model"
+    save_pretrained(old, folder)
+    os.unlink(folder / RECORD)
+    state = {k: v.contiguous() for k, v in to_hf(old).state_dict().items() if k != "lm_head.weight"}
+    first = {k: v for k, v in state.items() if k.startswith("transformer.h.0.")}
+    rest = {k: v for k, v in state.items() if k not in first}
+    os.unlink(folder / "model.safetensors")
+    save_file(first, str(folder / "a.safetensors"))
+    save_file(rest, str(folder / "b.safetensors"))
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {**{k: "a.safetensors" for k in first}, **{k: "b.safetensors" for k in rest}}}))
+    assert torch.equal(model_logits(from_pretrained(folder)), model_logits(old))
+    add_user_files(folder)
+    save_pretrained(new, folder)
+    assert user_files(folder) == USER
+    assert sorted(e for e in os.listdir(folder) if e not in {p.split("/")[0] for p in USER}) == [
+        RECORD, "config.json", "generation_config.json", "model.safetensors"]
+    assert torch.equal(model_logits(from_pretrained(folder)), model_logits(new))
+    save_pretrained(old, folder)  # and with the record: the same
+    assert user_files(folder) == USER and torch.equal(model_logits(from_pretrained(folder)), model_logits(old))
+
+
+def test_save_pretrained_onto_a_file_and_over_an_sae_folder_is_refused(tmp_path):
+    from glassbox.interp.sae.format import save_sae
+    from glassbox.weights import save_pretrained
+
+    (tmp_path / "file").write_bytes(b"mine")
+    with pytest.raises(NotADirectoryError) as info:
+        save_pretrained(tiny_model(2, 0), tmp_path / "file")
+    assert info.value.filename == str(tmp_path / "file") and (tmp_path / "file").read_bytes() == b"mine"
+    save_sae(sae(), tmp_path / "s")
+    before = folder_state(tmp_path / "s")
+    with pytest.raises(ValueError, match="holds glassbox 'sae' files"):
+        save_pretrained(tiny_model(2, 0), tmp_path / "s")
+    assert folder_state(tmp_path / "s") == before
