@@ -4,8 +4,11 @@ read) the old content or the new one, a file where a folder goes is refused nami
 savers of earlier versions left when killed mid-swap is recovered."""
 
 import ast
+import errno
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -277,3 +280,82 @@ other.write_text("a", "b")
     assert whats == ["os.replace", "os.rename", "shutil.rmtree", "shutil.move", "torch.save", "save_file",
                      ".save_file", ".write_text", ".write_bytes", ".unlink", "open('w')", "open('ab')", "open('x')",
                      ".open(write)", ".write_text"], whats
+
+
+# -- checkpoints and pages --------------------------------------------------------------------------
+def ckpt(seed):
+    from glassbox.train import init_model
+    from glassbox.models import Config
+
+    cfg = Config(d_model=15, n_layers=2, n_heads=3, d_mlp=22, d_vocab=29, n_ctx=17)
+    state = {"step": seed, "optimizer": {}, "data_rng": torch.Generator().manual_seed(seed).get_state(),
+             "history": {"train": [[seed, 1.0]], "eval": []}, "train_config": {"big": torch.zeros(30000)}}
+    return init_model(cfg, seed), state
+
+
+def test_a_full_disk_mid_checkpoint_is_an_os_error_naming_the_file_and_keeps_the_old_one(tmp_path):
+    """RLIMIT_FSIZE (64 KiB): the trainer state (120 KB) cannot be written. torch.save alone raises
+    '[enforce fail at inline_container.cc:672]'; the save must say which file and why."""
+    from glassbox.train import load_checkpoint, save_checkpoint
+
+    folder = tmp_path / "checkpoint"
+    model, state = ckpt(3)
+    state["train_config"] = {}
+    save_checkpoint(folder, model, state)
+    (folder / "notes.txt").write_bytes(b"mine")
+    before = folder_state(folder)
+    script = f"""
+import errno, resource, signal, sys, torch
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_fs_callers import ckpt
+from glassbox.train import save_checkpoint
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+model, state = ckpt(6)
+resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+try:
+    save_checkpoint({str(folder)!r}, model, state)
+except OSError as e:
+    print(e.errno, e.filename, str(e).splitlines()[0])
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    code, filename, message = run.stdout.strip().splitlines()[-1].split(" ", 2)
+    assert int(code) == errno.EFBIG and filename == str(folder / "trainer_state.pt"), run.stdout
+    assert "File too large" in message and "enforce fail" not in message.split("(writing")[0], message
+    assert folder_state(folder) == before and no_leftovers(folder)
+    assert load_checkpoint(folder)[2]["step"] == 3
+
+
+def test_a_checkpoint_keeps_other_files_in_its_folder(tmp_path):
+    from glassbox.train import load_checkpoint, save_checkpoint
+
+    folder = tmp_path / "checkpoint"
+    save_checkpoint(folder, *ckpt(3))
+    add_user_files(folder)
+    save_checkpoint(folder, *ckpt(6))
+    assert user_files(folder) == USER and load_checkpoint(folder)[2]["step"] == 6
+
+
+def test_a_fault_while_saving_a_page_leaves_the_old_page(tmp_path):
+    import plotly.graph_objects as go
+
+    from glassbox.interp.plots.html import save_html
+
+    path = tmp_path / "page.html"
+    path.write_text("<html>the old page</html>")
+    fig = go.Figure(go.Scatter(x=[1, 2], y=[3, 4]))
+    event, seen = 1, set()
+    while True:
+        faulted, error = fail_at(event, lambda: save_html(fig, path))
+        if not faulted:
+            break
+        assert isinstance(error, OSError) and error.filename == str(path), f"call {event}: {error!r}"
+        page = path.read_text()
+        assert page == "<html>the old page</html>" or page.endswith("</html>\n") and "plotly" in page
+        seen.add(page == "<html>the old page</html>")
+        assert os.listdir(tmp_path) == ["page.html"], f"call {event}: a leftover"
+        event += 1
+    # a fault at the last call (the folder's fsync, after the rename) raises with the new page in place
+    assert seen == {True, False}, seen
+    with pytest.raises(IsADirectoryError, match=str(tmp_path)):
+        save_html(fig, tmp_path)
