@@ -237,3 +237,18 @@ def test_append_text_appends_and_names_a_folder(tmp_path):
     assert (tmp_path / "log.jsonl").read_text() == "1\n2\n"
     with pytest.raises(IsADirectoryError, match=str(tmp_path)):
         append_text(tmp_path, "x")
+
+
+def test_open_log_starts_fresh_whole_or_appends(tmp_path):
+    from glassbox.fs import open_log
+
+    path = tmp_path / "train_log.jsonl"
+    path.write_text("old line\n")
+    with open_log(path) as log:
+        log.write("appended\n")
+    assert path.read_text() == "old line\nappended\n"
+    with open_log(path, fresh=True) as log:
+        log.write("first\n")
+    assert path.read_text() == "first\n" and os.listdir(tmp_path) == ["train_log.jsonl"]
+    with pytest.raises(IsADirectoryError):
+        open_log(tmp_path)

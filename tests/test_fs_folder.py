@@ -274,3 +274,20 @@ def test_recover_of_a_clean_or_missing_folder_writes_nothing(tmp_path, monkeypat
     for name in ("replace", "unlink", "rename", "mkdir", "rmdir"):
         monkeypatch.setattr(os, name, lambda *a, **k: pytest.fail("recover wrote to a clean folder"))
     assert recover(folder) is None and recover(tmp_path / "missing") is None
+
+
+def test_remove_entries_removes_only_the_names_given(tmp_path):
+    from glassbox.fs import remove_entries
+
+    folder = tmp_path / "run"
+    make_old(folder)
+    (folder / "checkpoint").mkdir()
+    (folder / "checkpoint" / "x").write_bytes(b"x")
+    remove_entries(folder, ["checkpoint", "c.txt", "missing.txt"])
+    assert not (folder / "checkpoint").exists() and not (folder / "c.txt").exists()
+    assert {k: v for k, v in folder_state(folder).items() if k in USER} == USER
+    for bad in ["", "..", "a/b", "../run"]:
+        with pytest.raises(ValueError, match="plain names"):
+            remove_entries(folder, [bad])
+    with pytest.raises(NotADirectoryError):
+        remove_entries(folder / "a.json", ["x"])
