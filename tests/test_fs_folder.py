@@ -253,6 +253,7 @@ def test_the_same_name_twice_keeps_the_last_and_leaves_nothing(tmp_path):
     with FolderWriter(tmp_path / "out", "test") as w:
         w.write_bytes("a", b"1")
         w.write_bytes("a", b"2")
+        w.write_tree(lambda t: None)  # an empty tree, then another
         w.write_tree(lambda t: (t / "a").write_bytes(b"3"))
     assert folder_state(tmp_path / "out") == {RECORD: b'{\n "owner": "test",\n "files": [\n  "a"\n ]\n}\n', "a": b"3"}
     with pytest.raises(RuntimeError, match="already committed"):

@@ -212,7 +212,7 @@ class FolderWriter:
         self._adopt = [check_name(n) for n in adopt]
         self._token = new_token()
         self._staged = {}  # final name -> temporary path relative to the folder
-        self._tree: Optional[Path] = None
+        self._trees = 0
         self._created = []
         self._done = False
         recover(self.folder)
@@ -284,7 +284,8 @@ class FolderWriter:
         ``save_pretrained``); sub-folders are refused. Returns the names staged."""
         self._check_open()
         self._make_folder()
-        tree_name = f"{TMP_PREFIX}{self._token}-tree{len(self._staged)}"
+        self._trees += 1
+        tree_name = f"{TMP_PREFIX}{self._token}-tree{self._trees}"
         tree = self.folder / tree_name
         os.mkdir(tree)
         try:
