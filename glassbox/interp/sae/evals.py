@@ -161,7 +161,7 @@ def _sparsity_and_variance(model, sae: SAE, batch: Tensor, mask: Tensor, totals:
     _, cache = model.run_with_cache(batch, names_filter=hook, stop_at_layer=stop_layer(hook, model.cfg.n_layers))
     acts = cache[hook]
     feature_acts = sae.encode(acts.to(sae.device))
-    x_hat = sae.decode(feature_acts)
+    x_hat = sae.decode(feature_acts).flatten(2)  # a hook_z SAE's [batch pos head d_head], flattened
     x = acts.flatten(2).to(sae.device)
     keep = mask.reshape(-1).to(sae.device)
     # In the wider of the two dtypes, as SAELens (which lets torch promote a half model's activations).

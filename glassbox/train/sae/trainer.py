@@ -197,6 +197,8 @@ class SAETrainer:
                                 metadata=dict(metadata or {}))
             sae = sae_class(config.architecture)(sae_cfg, device=device, dtype=dtype)
             initialize(sae, config)
+        if sae.cfg.reshape_activations == "hook_z":
+            sae.d_head = model.cfg.d_head  # the stream's rows are [head * d_head]; encode takes [head d_head]
         self.sae = sae.train()
         if ignore_ids is None:
             ignore_ids = [bos_id]
