@@ -256,3 +256,37 @@ def test_python_config_errors_are_glassbox_own_without_the_shape_checker():
             "print('ok')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+# -- finite parameters that still compute a non-finite number --------------------------------------
+def test_zero_decoder_row_under_rescale_is_refused(tmp_path):
+    """rescale_acts_by_decoder_norm divides by each row's norm: a zero row gives 0 * inf = NaN in every
+    output where the feature is among the top k (SAELens computes that NaN)."""
+    folder = saved(tmp_path, "topk", rescale_acts_by_decoder_norm=True)
+    t = tensors_of(folder)
+    t["W_dec"][6] = 0
+    save_file(t, str(folder / "sae_weights.safetensors"))
+    with pytest.raises(ValueError, match=r"sae_weights\.safetensors: row 6 of 'W_dec' has norm 0"):
+        load_sae(folder)
+    edit_cfg(folder, lambda c: c.update(rescale_acts_by_decoder_norm=False))
+    assert load_sae(folder).W_dec[6].abs().max() == 0  # without the rescale a zero row is a feature writing nothing
+
+
+def test_gated_r_mag_whose_exp_overflows_is_refused(tmp_path):
+    folder = saved(tmp_path, "gated")
+    t = tensors_of(folder)
+    t["r_mag"][2] = 100.0  # exp(100) = 2.7e43 > float32's 3.4e38
+    save_file(t, str(folder / "sae_weights.safetensors"))
+    with pytest.raises(ValueError, match=r"'r_mag'.*exp\(r_mag\) overflows torch.float32 at feature 2"):
+        load_sae(folder)
+    assert load_sae(folder, dtype=torch.float64).r_mag[2] == 100.0  # float64 holds exp(100)
+
+
+def test_add_sae_refuses_an_sae_trained_on_one_head():
+    """metadata.hook_head_index: SAELens trained it on one head's hook_z values; spliced at hook_z it would
+    run on every head (SAELens's HookedSAETransformer does so silently)."""
+    model = tiny_model()
+    sae = make_sae(SAEConfig("standard", 8, D_SAE, "blocks.0.attn.hook_z", metadata={"hook_head_index": 1}))
+    with pytest.raises(ValueError, match="hook_head_index=1"):
+        model.add_sae(sae)
+    assert model.splices == {}

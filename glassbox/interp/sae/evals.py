@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .base import SAE
-from .checks import check_finite_state
+from .checks import check_finite_state, check_one_head
 
 SPECIAL_TOKEN_ATTRS = ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id")
 
@@ -110,6 +110,7 @@ def evaluate_sae(model, sae: SAE, tokens: Tensor, batch_size: int = 8,
     if not isinstance(sae, SAE):
         raise TypeError(f"evaluate_sae takes a glassbox SAE, got {type(sae).__name__}")
     check_finite_state(sae, f"evaluate_sae: the SAE at {sae.cfg.hook_name}")
+    check_one_head(sae, "evaluate_sae")
     if sae.cfg.is_transcoder:
         raise ValueError(f"the SAE reads at {sae.cfg.hook_name} and writes at {sae.cfg.hook_out}: a transcoder; "
                          "evaluate_sae evaluates SAEs that reconstruct the value they read")

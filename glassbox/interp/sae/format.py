@@ -45,7 +45,7 @@ from safetensors.torch import save_file
 
 from .architectures import TRANSCODERS, BatchTopKSAE, sae_class
 from .base import SAE
-from .checks import check_finite_state, non_finite
+from .checks import check_computable, check_finite_state, non_finite
 from .config import SAEConfig, field_problems
 
 CFG_FILENAME = "cfg.json"
@@ -271,6 +271,7 @@ def load_sae(folder: Union[str, Path], device: Union[str, torch.device, None] = 
                           else WHITENING_FILENAME)
         check_finite_state(sae, f"{stats}: folding these statistics into the weights ({sae.dtype})",
                            why="the fold overflows, so it is refused")
+    check_computable(sae, str(folder / WEIGHTS_FILENAME))
     if model is not None:
         try:
             sae.check_fits(model)

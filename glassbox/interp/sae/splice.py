@@ -37,7 +37,7 @@ from torch import Tensor
 from ...hooks import HookPoint, Splice
 from ...hooks.root import unknown_name_message
 from .base import SAE
-from .checks import check_finite_state
+from .checks import check_finite_state, check_one_head
 
 
 # The model each spliced SAE is in (its hook points carry that model's names while it is).
@@ -136,6 +136,7 @@ def add_sae(model, sae: SAE, use_error_term: bool = False) -> None:
         raise TypeError(f"use_error_term must be True or False, got {use_error_term!r}")
     cfg = sae.cfg
     check_finite_state(sae, f"the SAE at {cfg.hook_name}")
+    check_one_head(sae, f"the SAE at {cfg.hook_name}")
     for name in dict.fromkeys((cfg.hook_name, cfg.hook_out)):
         if name not in model.hook_dict:
             raise KeyError(f"the SAE reads or writes at {name!r}, which this model does not have: "
