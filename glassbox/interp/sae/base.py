@@ -63,6 +63,7 @@ class SAE(HookedRootModule):
         self.cfg = cfg
         self._norm_state: Optional[tuple] = None
         self.d_head: Optional[int] = None  # a hook_z SAE's, from the last input encoded (SAELens's name)
+        self.use_error_term = False  # SAELens's attribute: forward adds x - recons; add_sae's default
         factory = dict(device=device, dtype=dtype)
         self.W_enc = nn.Parameter(torch.empty(cfg.d_in, cfg.d_sae, **factory))
         self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, **factory))
@@ -206,10 +207,27 @@ class SAE(HookedRootModule):
         return None
 
     def forward(self, x: Tensor) -> Tensor:
-        """decode(encode(x)) + skip(x); a hook_z SAE's output is shaped like x (heads un-flattened)."""
+        """decode(encode(x)) + skip(x); a hook_z SAE's output is shaped like x (heads un-flattened). With
+        ``use_error_term`` (SAELens's attribute) plus ``x - clean``, ``clean`` the reconstruction with no
+        hooks firing (as SAELens's forward; refused for a transcoder, whose error needs the value at its
+        write hook: splice it)."""
         out = self.decode(self.encode(x))
         extra = self.skip(x)
-        return out if extra is None else out + extra
+        out = out if extra is None else out + extra
+        if not self.use_error_term:
+            return out
+        if self.cfg.is_transcoder:
+            raise ValueError(f"the {self.architecture} at {self.cfg.hook_name} has use_error_term=True: its error is "
+                             f"the value at {self.cfg.hook_out} minus its output, which forward(x) does not see; "
+                             "splice it (model.add_sae) instead")
+        from .splice import hooks_off
+
+        hooked = [p for p in self.hook_dict.values() if p.fwd_hooks or p.bwd_hooks]
+        clean = out
+        if hooked:
+            with torch.no_grad(), hooks_off(hooked):
+                clean = self.decode(self.encode(x))
+        return out + (x.to(self.dtype) - clean.detach())
 
     # -- fitting a model ---------------------------------------------------------------------------
     def check_fits(self, model) -> None:

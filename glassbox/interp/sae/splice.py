@@ -128,10 +128,13 @@ def acts_to_saes(model) -> dict:
     return {name: splice.owner for name, splice in model.splices.items() if isinstance(splice.transform, SpliceRun)}
 
 
-def add_sae(model, sae: SAE, use_error_term: bool = False) -> None:
-    """Splice ``sae`` into ``model`` at ``sae.cfg.hook_name`` (a transcoder also at ``hook_name_out``)."""
+def add_sae(model, sae: SAE, use_error_term: Optional[bool] = None) -> None:
+    """Splice ``sae`` into ``model`` at ``sae.cfg.hook_name`` (a transcoder also at ``hook_name_out``);
+    ``use_error_term=None`` is the SAE's own ``sae.use_error_term`` (False unless set), as SAELens."""
     if not isinstance(sae, SAE):
         raise TypeError(f"add_sae takes a glassbox SAE, got {type(sae).__name__}")
+    if use_error_term is None:
+        use_error_term = sae.use_error_term
     if not isinstance(use_error_term, bool):
         raise TypeError(f"use_error_term must be True or False, got {use_error_term!r}")
     cfg = sae.cfg
@@ -217,10 +220,11 @@ def reset_saes(model, act_names: Optional[Iterable[str]] = None) -> None:
 @contextmanager
 def with_saes(model, saes: Sequence[SAE] = (), reset_saes_end: bool = True, use_error_term: Optional[bool] = None):
     """Splice ``saes`` for the body of a ``with`` block, then remove them and put back whatever was
-    spliced at their hooks before, also when the body raises. ``use_error_term=None`` is False."""
+    spliced at their hooks before, also when the body raises. ``use_error_term=None`` is each SAE's own
+    ``sae.use_error_term`` (False unless set), as SAELens."""
     if isinstance(saes, SAE):
         saes = [saes]
-    error_term = bool(use_error_term)
+    error_term = use_error_term
     added, replaced = [], []
     try:
         for sae in saes:
