@@ -290,3 +290,21 @@ def test_add_sae_refuses_an_sae_trained_on_one_head():
     with pytest.raises(ValueError, match="hook_head_index=1"):
         model.add_sae(sae)
     assert model.splices == {}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_refusals_on_cuda(tmp_path):
+    folder = saved(tmp_path, "topk", rescale_acts_by_decoder_norm=True)
+    assert load_sae(folder, device="cuda").W_dec.is_cuda
+    t = tensors_of(folder)
+    t["W_dec"][6] = 0
+    save_file(t, str(folder / "sae_weights.safetensors"))
+    with pytest.raises(ValueError, match=r"row 6 of 'W_dec' has norm 0"):
+        load_sae(folder, device="cuda")
+    model = tiny_model().to("cuda")
+    sae = build("jumprelu").to("cuda")
+    with torch.no_grad():
+        sae.threshold[3] = float("nan")
+    with pytest.raises(ValueError, match=r"'threshold' holds 1 non-finite value \(NaN; the first at index \(3,\)\)"):
+        model.add_sae(sae)
+    assert model.splices == {}
