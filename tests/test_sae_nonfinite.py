@@ -10,6 +10,7 @@ and nothing is spliced or left changed.
 """
 
 import json
+import math
 
 import pytest
 import torch
@@ -140,6 +141,7 @@ def test_sparsity_nan_positive_or_misshapen_is_refused(tmp_path):
     folder = saved(tmp_path)
     good = torch.linspace(-10, 0, D_SAE)
     good[0] = float("-inf")  # log10 of a frequency of 0: a feature that never fired
+    good[1] = math.log10(1 + 1e-10)  # a feature firing on every token, as the trainer writes it (+1e-10, float64)
     save_file({"sparsity": good}, str(folder / "sparsity.safetensors"))
     assert torch.equal(load_sparsity(folder), good)
     for value, message in ((float("nan"), "NaN"), (float("inf"), "above 0"), (0.5, "above 0")):

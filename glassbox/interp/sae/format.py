@@ -56,6 +56,7 @@ WHITENING_FILENAME = "activation_whitening.safetensors"
 # the SAELens version whose format this writes (SAELens reads configs of versions < 6 another way)
 SAELENS_FORMAT_VERSION = "6.54.12"
 
+SPARSITY_MAX = 1e-9  # above log10(1 + 1e-10) = 4.3e-11, what a trainer's log10(freq + 1e-10) gives at freq 1
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 # metadata keys SAELens moves out of a pre-6 config's top level
@@ -328,8 +329,9 @@ def read_weights(path: Path, sae: SAE) -> dict:
 
 def load_sparsity(folder: Union[str, Path], device: Union[str, torch.device, None] = None) -> Optional[torch.Tensor]:
     """``sparsity.safetensors``'s ``sparsity`` [d_sae] (log10 feature firing frequency), or None. Refused,
-    naming the file and key: NaN, values above 0 (a frequency above 1) and, where the folder's ``cfg.json``
-    gives ``d_sae``, another length. -inf (log10 of 0: a feature that never fired) is kept."""
+    naming the file and key: NaN, values above 0 (a frequency above 1; up to ``log10(1 + 1e-10)``, what the
+    ``+ 1e-10`` of SAELens's and glassbox's trainers gives a feature firing on every token, is 0) and, where
+    the folder's ``cfg.json`` gives ``d_sae``, another length. -inf (log10 of 0: never fired) is kept."""
     path = Path(folder) / SPARSITY_FILENAME
     if not path.is_file():
         return None
@@ -344,7 +346,7 @@ def load_sparsity(folder: Union[str, Path], device: Union[str, torch.device, Non
         raise ValueError(f"{path}: not a safetensors file ({type(e).__name__}: {e})") from None
     if not t.is_floating_point():
         raise ValueError(f"{path}: key 'sparsity' has dtype {t.dtype}; log10 frequencies are floats")
-    n_nan, n_high = int(t.isnan().sum()), int((t > 0).sum())
+    n_nan, n_high = int(t.isnan().sum()), int((t > SPARSITY_MAX).sum())
     if n_nan or n_high:
         what = f"{n_nan} NaN" if n_nan else f"{n_high} value(s) above 0 (largest {float(t.max()):.4g})"
         raise ValueError(f"{path}: key 'sparsity' holds {what}; it is log10 of a firing frequency, in [-inf, 0]")
