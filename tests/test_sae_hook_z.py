@@ -74,3 +74,4 @@ def test_train_sae_at_hook_z(model):
         acts = sae.encode(z)
         assert acts.shape == (5, D_SAE) and int((acts != 0).sum(-1).max()) <= 4
         assert sae.decode(acts).shape == z.shape
+

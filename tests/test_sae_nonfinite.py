@@ -21,6 +21,7 @@ from glassbox.interp.sae.architectures import make_sae
 from glassbox.interp.sae.config import SAEConfig
 from glassbox.interp.sae.format import load_sae, load_sparsity, save_sae
 from glassbox.models import Config, HookedTransformer
+from glassbox.train.sae import train_sae
 
 D_IN, D_SAE = 24, 37
 HOOK = "blocks.0.hook_resid_pre"
@@ -310,3 +311,16 @@ def test_refusals_on_cuda(tmp_path):
     with pytest.raises(ValueError, match=r"'threshold' holds 1 non-finite value \(NaN; the first at index \(3,\)\)"):
         model.add_sae(sae)
     assert model.splices == {}
+
+
+def test_train_sae_refuses_a_non_finite_loss_before_updating():
+    """A NaN in the activations (here a NaN weight of the model) makes the loss NaN: refused at the first
+    step, naming it and the hook, with the SAE not updated (before, it trained on and saved NaN weights)."""
+    broken = tiny_model()
+    with torch.no_grad():
+        broken.blocks[0].attn.W_V[1, 2, 3] = float("nan")
+    stream = torch.randint(1, 50, (4000,), generator=torch.Generator().manual_seed(4))
+    with pytest.raises(ValueError, match=r"SAE training step 1: the loss is nan \(the activations hold NaN or inf "
+                                         r"at blocks\.0\.hook_resid_post\)"):
+        train_sae(broken, stream, "blocks.0.hook_resid_post", d_sae=16, k=4, steps=3, batch_tokens=64,
+                  context_size=16, buffer_batches=2, model_batch=2, bos_id=0, progress=False)
