@@ -235,10 +235,10 @@ def _check_settings(model_name: str, settings: dict) -> None:
     from ..models import HookedTransformer
     from ..train.sae.trainer import SAETrainConfig
     from ..weights.pretrained import config_of
-    from .common import model_folder
+    from .common import accepted_models, model_folder
 
     if model_name == "":
-        raise UsageError("--model is empty")
+        raise UsageError(f"--model is empty; give {accepted_models()}")
     folder = model_folder(model_name)
     try:
         cfg = config_of(folder)
