@@ -180,7 +180,7 @@ def test_unknown_architecture_and_bad_values_are_named(tmp_path):
     with pytest.raises(ValueError, match="cfg.json: unknown SAE architecture 'matching_pursuit'"):
         load_sae(folder)
     folder = write(tmp_path / "b", cfg_edit=lambda c: c.update(d_sae=-3))
-    with pytest.raises(ValueError, match="cfg.json: SAEConfig.d_sae must be a positive int"):
+    with pytest.raises(ValueError, match="cfg.json: key .d_sae. must be a positive int"):
         load_sae(folder)
     folder = write(tmp_path / "c", cfg_edit=lambda c: c.update(normalize_activations="covariance_whitening"))
     with pytest.raises(ValueError, match="cfg.json: normalize_activations='covariance_whitening' needs the whitening "

@@ -104,3 +104,29 @@ def test_a_transcoder_of_a_plain_architecture_is_not_saved_as_a_plain_sae(tmp_pa
     with pytest.raises(ValueError, match="writes at 'blocks.0.hook_mlp_out'.*transcoder"):
         save_sae(sae, tmp_path / "sae")
     assert not (tmp_path / "sae").exists()
+
+
+def test_add_sae_reads_the_saes_own_use_error_term_and_refuses_a_non_bool():
+    """SAELens's default: add_sae(sae) and saes([sae]) take sae.use_error_term; an explicit argument wins."""
+    from glassbox.interp.sae.architectures import make_sae
+    from glassbox.interp.sae.config import SAEConfig
+    from glassbox.models import Config, HookedTransformer
+
+    torch.manual_seed(0)
+    model = HookedTransformer(Config(n_layers=2, d_model=24, n_heads=3, d_head=8, d_mlp=40, d_vocab=50, n_ctx=16))
+    sae = make_sae(SAEConfig("standard", 24, 11, "blocks.1.hook_resid_pre"))
+    toks = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        clean = model(toks)
+        sae.use_error_term = True
+        with model.saes([sae]):
+            assert torch.equal(model(toks), clean)
+        model.add_sae(sae)
+        assert torch.equal(model(toks), clean)
+        model.reset_saes()
+        with model.saes([sae], use_error_term=False):
+            assert not torch.equal(model(toks), clean)
+        sae.use_error_term = "yes"
+        with pytest.raises(TypeError, match="use_error_term must be True or False, got 'yes'"):
+            model.add_sae(sae)
+        assert model.splices == {}

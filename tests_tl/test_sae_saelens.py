@@ -105,7 +105,8 @@ def compare(gb, lens, case, seed):
         assert torch.equal(acts_g != 0, acts_l != 0)
         gb.encode(x), lens.encode(x)  # the coefficient of this input for decode
         dec_g, dec_l = gb.decode(acts_l), lens.decode(acts_l)
-        errs.append((dec_g - dec_l.reshape(dec_g.shape)).abs().max().item())
+        assert dec_g.shape == dec_l.shape  # a hook_z SAE's [... head d_head] in both
+        errs.append((dec_g - dec_l).abs().max().item())
         if "skip" in case:
             out_g, out_l = gb(x), lens(x)
             assert out_g.shape == out_l.shape == x.shape[:2] + (D_OUT,)

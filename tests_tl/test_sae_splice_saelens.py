@@ -84,13 +84,15 @@ def test_run_with_cache_with_saes_equals_saelens(models, saes, use_error_term):
     clean_keys, lens_clean_keys = set(model.run_with_cache(toks)[1].keys()), set(lens_model.run_with_cache(toks)[1].keys())
     assert set(got_cache.keys()) == clean_keys | sae_keys
     assert set(want_cache.keys()) == (lens_clean_keys - set(writes)) | sae_keys
-    # measured over 3 models x 2 SAE seeds x 2 prompts (logits up to 5): the twins differ by 2.7e-6, bound 3e-5: 11x
-    assert max_diff(clean, lens_clean) <= 3e-5
+    # here (logits up to 5) the twins differ by 2.7e-6; over prompts of 1 to n_ctx tokens, batches and padding on
+    # random GPT-2 and Llama shapes by 8.3e-6 (measure_sae_splice.py): bound 3.5e-5, 4x
+    assert max_diff(clean, lens_clean) <= 3.5e-5
     for name in sorted(sae_keys):
         assert got_cache[name].shape == want_cache[name].shape, name
     for name in [f"{h}.hook_sae_acts_post" for h in writes]:
-        # the models' rounding reaches the SAEs' inputs: measured 1.2e-6 (activations up to 4.5), bound 1.2e-5: 10x
-        assert max_diff(got_cache[name], want_cache[name]) <= 1.2e-5, name
+        # the models' rounding reaches the SAEs' inputs: measured 1.2e-6 here (activations up to 4.5), 2.5e-6
+        # over measure_sae_splice.py's sweep, bound 1e-5: 4x
+        assert max_diff(got_cache[name], want_cache[name]) <= 1e-5, name
     for sae, name in zip(ours, writes):
         assert feature_acts(got_cache, sae) is got_cache[f"{name}.hook_sae_acts_post"]
     if use_error_term:
@@ -99,8 +101,9 @@ def test_run_with_cache_with_saes_equals_saelens(models, saes, use_error_term):
         assert max_diff(want, lens_clean) <= 2e-5
     else:
         assert max_diff(got, clean) > 0.05  # the reconstructions are carried on
-    # measured 3.0e-6 without the error term, 2.9e-6 with it (logits up to 5), bound 3e-5: 10x
-    assert max_diff(got, want) <= 3e-5
+    # measured 3.0e-6 without the error term, 2.9e-6 with it here (logits up to 5); over measure_sae_splice.py's
+    # sweep on random models 4.7e-6 and 9.4e-6: bound 4e-5, 4x
+    assert max_diff(got, want) <= 4e-5
 
 
 def test_run_with_saes_and_a_feature_hook_equal_saelens(models, saes):

@@ -16,7 +16,9 @@ DIR ends up holding ``sae/``, the SAE in SAELens's format (``cfg.json``, ``sae_w
 ``train_sae_log.jsonl`` (one line per step), ``train_sae_settings.json`` and ``checkpoint/``. DIR
 must be new or empty; ``--resume`` continues the run in DIR (the settings not given are the run's;
 those given must be the run's; the text and model must be the same). Mistakes print one line
-``glassbox train-sae: error: ...`` naming the argument, and exit 2.
+``glassbox train-sae: error: ...`` naming the argument, and exit 2; every argument is checked before
+the model's weights load (the hook and context size against its config alone), except that the held-out
+part holds a window, which needs the tokenizer: checked after loading, before training.
 """
 
 import argparse
@@ -136,7 +138,7 @@ def run(args) -> int:
     from ..interp.sae.evals import evaluate_sae
     from ..train.data import encode_text, split_text
     from ..train.sae.api import SETTINGS as SETTINGS_FILE
-    from ..train.sae.api import train_sae
+    from ..train.sae import api
 
     start = time.perf_counter()
     if args.threads is not None:
@@ -147,10 +149,15 @@ def run(args) -> int:
     if args.include_special_tokens:
         given["exclude_special_tokens"] = False
     dtype = args.dtype
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; name a new or empty folder")
+    _check_out(out)
     if args.resume:
         recorded = _recorded(out, SETTINGS_FILE)
+        for name, value in given.items():
+            old = recorded["settings"].get(name)
+            if old is not None and old != value:
+                flag = _flag(name)
+                raise UsageError(f"--resume with {flag}={value!r}, but the run in {out} has {flag}={old!r}; pass the "
+                                 "run's settings (or leave them out)")
         settings = {**recorded["settings"], **given}
         dtype = dtype or recorded["dtype"]
     else:
@@ -170,20 +177,24 @@ def run(args) -> int:
         settings.pop("k", None)
     with user_errors(ValueError, prefix=f"--text {args.text}: "):
         train_text, heldout_text = split_text(text, args.heldout_frac)
+    _check_settings(args.model, settings)
     model = load_model(args.model, device=args.device)
     tokenizer = tokenizer_of(model, args.model)
-    kwargs = {API_NAMES.get(name, name): value for name, value in settings.items()}
-    print(f"{'resuming' if args.resume else 'training'} a {architecture} SAE at {settings['hook']} of {args.model} "
-          f"({model.cfg.d_model}-wide residual stream) into {out}")
-    with _as_flags(ValueError, KeyError, TypeError):
-        sae = train_sae(model, train_text, out=out, resume=args.resume, device=args.device,
-                        dtype=DTYPES[dtype or "float32"], progress=not args.no_progress, **kwargs)
-    context = sae.cfg.metadata.get("context_size", model.cfg.n_ctx)
+    context = settings.get("context_size") or model.cfg.n_ctx
     windows = heldout_windows(encode_text(heldout_text, tokenizer), context, tokenizer.bos_token_id,
                               args.eval_windows)
     if windows.shape[0] == 0:
         raise UsageError(f"--text {args.text}: the held-out part holds fewer than {context - 1} tokens, not one "
                          "window; use a longer text or a larger --heldout-frac")
+    kwargs = {API_NAMES.get(name, name): value for name, value in settings.items()}
+    print(f"{'resuming' if args.resume else 'training'} a {architecture} SAE at {settings['hook']} of {args.model} "
+          f"({model.cfg.d_model}-wide residual stream) into {out}")
+    with _as_flags(ValueError, KeyError, TypeError):
+        sae = api.train_sae(model, train_text, out=out, resume=args.resume, device=args.device,
+                            dtype=DTYPES[dtype or "float32"], progress=not args.no_progress, **kwargs)
+    if sae.cfg.metadata.get("context_size", context) != context:
+        raise RuntimeError(f"the SAE was trained on windows of {sae.cfg.metadata['context_size']} tokens, the "
+                           f"held-out windows have {context}")
     with _as_flags(ValueError):
         evals = evaluate_sae(model, sae.to(next(model.parameters()).device), windows, batch_size=args.eval_batch_size,
                              exclude_special_tokens=not args.include_special_tokens, feature_density=True)
@@ -199,6 +210,51 @@ def run(args) -> int:
     print(f"SAE saved to {out / 'sae'} (SAELens's format); evals in {out / 'evals.json'} "
           f"[{time.perf_counter() - start:.0f} s]")
     return 0
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _check_out(out: Path) -> None:
+    """--out must be a folder or a new path whose nearest existing ancestor is a folder."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; name a new or empty folder")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"--out {out} is under a file ({parent}); name a new or empty folder")
+            break
+
+
+def _check_settings(model_name: str, settings: dict) -> None:
+    """Every setting checked against the model's config (read alone, no weights) before the model loads:
+    the hook exists (a model built on the meta device lists them), the context fits, and SAETrainConfig
+    accepts the rest."""
+    from ..hooks.root import unknown_name_message
+    from ..models import HookedTransformer
+    from ..train.sae.trainer import SAETrainConfig
+    from ..weights.pretrained import config_of
+    from .common import accepted_models, model_folder
+
+    if model_name == "":
+        raise UsageError(f"--model is empty; give {accepted_models()}")
+    folder = model_folder(model_name)
+    try:
+        cfg = config_of(folder)
+    except (ValueError, OSError):
+        return  # load_model reports what is wrong with the folder, as for the other commands
+    hooks = HookedTransformer(cfg, init=False, device="meta").hook_dict
+    hook = settings["hook"]
+    if hook not in hooks:
+        raise UsageError(f"--hook {hook!r} is not a hook of --model {model_name}: {unknown_name_message(hook, hooks)}")
+    context = settings.get("context_size", cfg.n_ctx)
+    if isinstance(context, int) and context > cfg.n_ctx:
+        raise UsageError(f"--context-size={context} is more than the model's n_ctx={cfg.n_ctx}")
+    options = {API_NAMES.get(name, name): value for name, value in settings.items()}
+    options.setdefault("context_size", cfg.n_ctx)
+    with _as_flags(ValueError, TypeError):
+        SAETrainConfig(**options)
 
 
 def heldout_windows(stream: torch.Tensor, context_size: int, bos_id: int, limit=None) -> torch.Tensor:

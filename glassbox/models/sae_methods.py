@@ -5,7 +5,7 @@ from typing import Iterable, Optional, Sequence
 
 
 class SAEMethods:
-    def add_sae(self, sae, use_error_term: bool = False) -> None:
+    def add_sae(self, sae, use_error_term: Optional[bool] = None) -> None:
         """Splice ``sae`` in at its hook (a transcoder at its two hooks); see ``glassbox.interp.sae.splice``."""
         from ..interp.sae.splice import add_sae
 

@@ -12,8 +12,10 @@ Shapes and conventions (SAELens's):
 - ``forward(x)`` is ``decode(encode(x))`` plus ``skip(x)`` (a skip transcoder's ``x @ W_skip.T``; none
   for the others): a splice writes ``forward``, not ``decode(encode(x))``.
 - A ``hook_z`` SAE (``reshape_activations="hook_z"``) reads [... head d_head] and flattens the heads,
-  head-major (``(head d_head)``), as SAELens does; ``decode`` gives the flattened [... d_in] and the
-  splice un-flattens it.
+  head-major (``(head d_head)``), as SAELens does; ``hook_sae_input`` and ``hook_sae_recons`` fire on
+  flattened values, and ``decode`` (so ``forward``) gives [... head d_head] back, as SAELens's, with the
+  ``d_head`` of the last input encoded (``self.d_head``; SAELens keeps its first one's): a ``decode``
+  before any ``encode`` is refused (SAELens fails inside einops). A flattened [... d_in] input is refused.
 - Decoder norms are not constrained by the class: ``decoder_norms()`` reports them, and
   ``fold_W_dec_norm()`` rescales every feature to a unit decoder row without changing ``decode(encode(x))``
   (for architectures whose activation commutes with a positive scale, the base's ReLU does).
@@ -60,6 +62,8 @@ class SAE(HookedRootModule):
                              f"[d_in={cfg.d_in}]; it needs d_out == d_in")
         self.cfg = cfg
         self._norm_state: Optional[tuple] = None
+        self.d_head: Optional[int] = None  # a hook_z SAE's, from the last input encoded (SAELens's name)
+        self.use_error_term = False  # SAELens's attribute: forward adds x - recons; add_sae's default
         factory = dict(device=device, dtype=dtype)
         self.W_enc = nn.Parameter(torch.empty(cfg.d_in, cfg.d_sae, **factory))
         self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, **factory))
@@ -109,6 +113,8 @@ class SAE(HookedRootModule):
     def flatten_input(self, x: Tensor) -> Tensor:
         """[... head d_head] -> [... (head d_head)] for a hook_z SAE; else x. Checks the width."""
         if self.cfg.reshape_activations == "hook_z":
+            if x.ndim >= 2 and x.shape[-2] * x.shape[-1] == self.cfg.d_in:
+                self.d_head = x.shape[-1]
             x = x.flatten(-2)
         if x.shape[-1] != self.cfg.d_in:
             raise ValueError(f"the SAE at {self.cfg.hook_name} reads d_in={self.cfg.d_in} values per position, "
@@ -178,10 +184,16 @@ class SAE(HookedRootModule):
             feature_acts = feature_acts * (1 / self.W_dec.norm(dim=-1))
         return feature_acts @ self.W_dec + self.b_dec
 
-    def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_out"]:
-        """The reconstruction [... d_out] (flattened heads for a hook_z SAE), through hook_sae_recons,
-        then un-normalised (``normalize_activations``)."""
-        return self.normalize_out(self.hook_sae_recons(self.decode_linear(feature_acts)))
+    def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Tensor:
+        """The reconstruction [... d_out] through hook_sae_recons, then un-normalised
+        (``normalize_activations``); for a hook_z SAE then un-flattened to [... head d_head], as SAELens."""
+        hook_z = self.cfg.reshape_activations == "hook_z"
+        if hook_z and self.d_head is None:
+            raise ValueError(f"decode of the hook_z SAE at {self.cfg.hook_name} gives [... head d_head] and does "
+                             "not know d_head until it has encoded an input [... head d_head] (as SAELens); encode "
+                             "first, or set sae.d_head")
+        out = self.normalize_out(self.hook_sae_recons(self.decode_linear(feature_acts)))
+        return out.unflatten(-1, (-1, self.d_head)) if hook_z else out
 
     def decoder_directions(self) -> Float[Tensor, "d_sae d_out"]:
         """What one unit of each feature's activation adds to the reconstruction before any
@@ -195,12 +207,27 @@ class SAE(HookedRootModule):
         return None
 
     def forward(self, x: Tensor) -> Tensor:
-        """decode(encode(x)) + skip(x); a hook_z SAE's output is shaped like x (heads un-flattened)."""
+        """decode(encode(x)) + skip(x); a hook_z SAE's output is shaped like x (heads un-flattened). With
+        ``use_error_term`` (SAELens's attribute) plus ``x - clean``, ``clean`` the reconstruction with no
+        hooks firing (as SAELens's forward; refused for a transcoder, whose error needs the value at its
+        write hook: splice it)."""
         out = self.decode(self.encode(x))
         extra = self.skip(x)
-        if extra is not None:
-            out = out + extra
-        return out.reshape(x.shape) if self.cfg.reshape_activations == "hook_z" else out
+        out = out if extra is None else out + extra
+        if not self.use_error_term:
+            return out
+        if self.cfg.is_transcoder:
+            raise ValueError(f"the {self.architecture} at {self.cfg.hook_name} has use_error_term=True: its error is "
+                             f"the value at {self.cfg.hook_out} minus its output, which forward(x) does not see; "
+                             "splice it (model.add_sae) instead")
+        from .splice import hooks_off
+
+        hooked = [p for p in self.hook_dict.values() if p.fwd_hooks or p.bwd_hooks]
+        clean = out
+        if hooked:
+            with torch.no_grad(), hooks_off(hooked):
+                clean = self.decode(self.encode(x))
+        return out + (x.to(self.dtype) - clean.detach())
 
     # -- fitting a model ---------------------------------------------------------------------------
     def check_fits(self, model) -> None:

@@ -24,11 +24,54 @@ saved (``format.load_sae`` folds it from ``activation_scaler.json`` or refuses),
 ``"covariance_whitening"`` is not implemented.
 """
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional, Union
 
 NORMALIZATIONS = ("none", "constant_norm_rescale", "layer_norm")
+# SAELens's values: the two training-time ones are folded into the weights by load_sae (format.py)
+SAELENS_NORMALIZATIONS = NORMALIZATIONS + ("expected_average_only_in", "covariance_whitening")
 RESHAPES = ("none", "hook_z")
+
+
+def field_problems(values: dict) -> list:
+    """What is wrong with the types and ranges of SAEConfig fields in ``values`` (as read from a
+    ``cfg.json``, before any conversion), each as 'key must be ..., got ...'. Booleans must be true or
+    false (``bool("false")`` is True, so a string is never converted); integers must not be floats or
+    bools."""
+    problems = []
+
+    def bad(key, want):
+        problems.append(f"{key} must be {want}, got {values[key]!r}")
+
+    def positive_int(value):
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+    for key in ("d_in", "d_sae"):
+        if key in values and not positive_int(values[key]):
+            bad(key, "a positive int")
+    if values.get("d_out") is not None and not positive_int(values["d_out"]):
+        bad("d_out", "a positive int or None")
+    if "architecture" in values and (not isinstance(values["architecture"], str) or not values["architecture"]):
+        bad("architecture", "an architecture name (a string)")
+    for key in ("apply_b_dec_to_input", "rescale_acts_by_decoder_norm"):
+        if key in values and not isinstance(values[key], bool):
+            bad(key, "true or false")
+    if "hook_name" in values and (not isinstance(values["hook_name"], str) or not values["hook_name"]):
+        bad("hook_name", "the name of a hook point (a string)")
+    if values.get("hook_name_out") is not None and (not isinstance(values["hook_name_out"], str)
+                                                    or not values["hook_name_out"]):
+        bad("hook_name_out", "the name of a hook point (a string) or None")
+    if "normalize_activations" in values and values["normalize_activations"] not in SAELENS_NORMALIZATIONS:
+        bad("normalize_activations", f"one of {SAELENS_NORMALIZATIONS}")
+    if "reshape_activations" in values and values["reshape_activations"] not in RESHAPES:
+        bad("reshape_activations", f"one of {RESHAPES}")
+    k = values.get("k")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k <= 0):
+        bad("k", "a positive number or None")
+    if "metadata" in values and not isinstance(values["metadata"], dict):
+        bad("metadata", "a dict (a JSON object)")
+    return problems
 
 
 @dataclass
@@ -47,20 +90,9 @@ class SAEConfig:
     metadata: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        for name in ("d_in", "d_sae"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"SAEConfig.{name} must be a positive int, got {value!r}")
-        if self.d_out is not None and (isinstance(self.d_out, bool) or not isinstance(self.d_out, int)
-                                       or self.d_out < 1):
-            raise ValueError(f"SAEConfig.d_out must be a positive int or None, got {self.d_out!r}")
-        if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, (int, float)) or self.k <= 0):
-            raise ValueError(f"SAEConfig.k must be a positive number or None, got {self.k!r}")
-        if not isinstance(self.hook_name, str) or not self.hook_name:
-            raise ValueError(f"SAEConfig.hook_name must name a hook point, got {self.hook_name!r}")
-        if self.reshape_activations not in RESHAPES:
-            raise ValueError(f"SAEConfig.reshape_activations must be one of {RESHAPES}, got "
-                             f"{self.reshape_activations!r}")
+        problems = field_problems({name: getattr(self, name) for name in self.__dataclass_fields__})
+        if problems:
+            raise ValueError("; ".join(f"SAEConfig.{p}" for p in problems))
         if self.reshape_activations == "hook_z" and not self.hook_name.endswith("hook_z"):
             raise ValueError(f"reshape_activations='hook_z' flattens heads at an attention hook_z; "
                              f"hook_name is {self.hook_name!r}")

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .base import SAE
+from .checks import check_finite_state, check_one_head
 
 SPECIAL_TOKEN_ATTRS = ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id")
 
@@ -108,6 +109,8 @@ def evaluate_sae(model, sae: SAE, tokens: Tensor, batch_size: int = 8,
     """
     if not isinstance(sae, SAE):
         raise TypeError(f"evaluate_sae takes a glassbox SAE, got {type(sae).__name__}")
+    check_finite_state(sae, f"evaluate_sae: the SAE at {sae.cfg.hook_name}")
+    check_one_head(sae, "evaluate_sae")
     if sae.cfg.is_transcoder:
         raise ValueError(f"the SAE reads at {sae.cfg.hook_name} and writes at {sae.cfg.hook_out}: a transcoder; "
                          "evaluate_sae evaluates SAEs that reconstruct the value they read")
@@ -159,7 +162,7 @@ def _sparsity_and_variance(model, sae: SAE, batch: Tensor, mask: Tensor, totals:
     _, cache = model.run_with_cache(batch, names_filter=hook, stop_at_layer=stop_layer(hook, model.cfg.n_layers))
     acts = cache[hook]
     feature_acts = sae.encode(acts.to(sae.device))
-    x_hat = sae.decode(feature_acts)
+    x_hat = sae.decode(feature_acts).flatten(2)  # a hook_z SAE's [batch pos head d_head], flattened
     x = acts.flatten(2).to(sae.device)
     keep = mask.reshape(-1).to(sae.device)
     # In the wider of the two dtypes, as SAELens (which lets torch promote a half model's activations).

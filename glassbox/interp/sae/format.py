@@ -9,7 +9,11 @@ A folder holds (SAELens 6's names, ``SAE.save_model`` / ``SAE.load_from_disk``):
   [d_sae d_out], ``b_dec`` [d_out], and ``threshold`` (jumprelu), ``r_mag``/``b_gate``/``b_mag`` (gated),
   ``W_skip`` [d_out d_in] (skip transcoders);
 - optionally ``sparsity.safetensors``: ``sparsity`` [d_sae], each feature's log10 firing frequency.
-Safetensors only (never pickle). Configs from before SAELens 6 (``hook_point``, top-level ``hook_name``,
+Safetensors only (never pickle). Refused on load, naming the file and key (SAELens loads them): a NaN or
+inf in any tensor (``checks.py``; also one that overflows the dtype asked for, or that a fold of the
+statistics below produces), a ``sparsity`` that is NaN or above 0, and config fields of the wrong JSON
+type (``"false"`` for a bool, a float for ``d_in``; ``config.field_problems``), never converted.
+Configs from before SAELens 6 (``hook_point``, top-level ``hook_name``,
 ``activation_fn="topk"``...) are read as SAELens reads them.
 
 ``normalize_activations="expected_average_only_in"`` (``"covariance_whitening"``) means the SAE was
@@ -43,7 +47,8 @@ from ...fs import FolderWriter, recover
 from ...fs.legacy import recover_sae_siblings
 from .architectures import TRANSCODERS, BatchTopKSAE, sae_class
 from .base import SAE
-from .config import SAEConfig
+from .checks import check_computable, check_finite_state, non_finite
+from .config import SAEConfig, field_problems
 
 CFG_FILENAME = "cfg.json"
 WEIGHTS_FILENAME = "sae_weights.safetensors"
@@ -55,6 +60,7 @@ SAE_FILES = (CFG_FILENAME, WEIGHTS_FILENAME, SPARSITY_FILENAME, SCALER_FILENAME,
 # the SAELens version whose format this writes (SAELens reads configs of versions < 6 another way)
 SAELENS_FORMAT_VERSION = "6.54.12"
 
+SPARSITY_MAX = 1e-9  # above log10(1 + 1e-10) = 4.3e-11, what a trainer's log10(freq + 1e-10) gives at freq 1
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 # metadata keys SAELens moves out of a pre-6 config's top level
@@ -83,7 +89,7 @@ def _version_tuple(version) -> tuple:
     return tuple(parts)
 
 
-def _legacy_config(raw: dict) -> dict:
+def _legacy_config(raw: dict, where: str) -> dict:
     """A pre-6 SAELens config in the 6 layout, as SAELens's ``handle_pre_6_0_config`` reads it."""
     renames = {"hook_point": "hook_name", "hook_point_head_index": "hook_head_index",
                "activation_fn_str": "activation_fn"}
@@ -91,6 +97,9 @@ def _legacy_config(raw: dict) -> dict:
     cfg.setdefault("apply_b_dec_to_input", True)
     cfg.setdefault("architecture", "standard")
     cfg.setdefault("reshape_activations", "hook_z" if "hook_z" in str(cfg.get("hook_name", "")) else "none")
+    if not isinstance(cfg.get("activation_fn_kwargs") or {}, dict):
+        raise ValueError(f"{where}: key 'activation_fn_kwargs' must be a JSON object, got "
+                         f"{cfg['activation_fn_kwargs']!r}")
     if cfg.get("activation_fn") == "topk" and (cfg.get("activation_fn_kwargs") or {}).get("k") is not None:
         cfg["architecture"] = "topk"
         cfg["k"] = cfg["activation_fn_kwargs"]["k"]
@@ -114,47 +123,56 @@ def read_config(folder: Union[str, Path]) -> dict:
         raise ValueError(f"{path}: not a JSON config ({e})") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: the config is a JSON {type(raw).__name__}, not an object")
-    meta = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
+    if raw.get("metadata") is not None and not isinstance(raw["metadata"], dict):
+        raise ValueError(f"{path}: key 'metadata' must be a JSON object (with 'hook_name'), got {raw['metadata']!r}")
+    meta = raw.get("metadata") or {}
     version = raw.get("sae_lens_version") or meta.get("sae_lens_version")
     if not version or _version_tuple(version) < (6,):
-        raw = _legacy_config(raw)
+        raw = _legacy_config(raw, str(path))
     return raw
 
 
 def config_from_dict(raw: dict, where: str) -> SAEConfig:
-    """The glassbox SAEConfig of a SAELens 6 config dict; ``where`` names the file in errors."""
+    """The glassbox SAEConfig of a SAELens 6 config dict; ``where`` names the file in errors. Fields of the
+    wrong JSON type are refused, never converted (``"false"`` is not false)."""
     for key in ("architecture", "d_in", "d_sae"):
         if key not in raw:
             raise KeyError(f"{where}: missing key {key!r}")
     meta = raw.get("metadata")
-    if not isinstance(meta, dict):
+    if meta is None:
         raise KeyError(f"{where}: missing key 'metadata' (an object with 'hook_name')")
-    if not meta.get("hook_name"):
+    if not isinstance(meta, dict):
+        raise ValueError(f"{where}: key 'metadata' must be a JSON object (with 'hook_name'), got {meta!r}")
+    if meta.get("hook_name") is None or meta.get("hook_name") == "":
         raise KeyError(f"{where}: missing key 'metadata.hook_name' (the hook point the SAE reads)")
     arch = raw["architecture"]
+    values = {key: raw[key] for key in ("architecture", "d_in", "d_sae", "apply_b_dec_to_input") if key in raw}
+    values.update(hook_name=meta["hook_name"], hook_name_out=meta.get("hook_name_out"),
+                  normalize_activations="none" if raw.get("normalize_activations") is None
+                  else raw["normalize_activations"],
+                  reshape_activations="none" if raw.get("reshape_activations") is None else raw["reshape_activations"])
+    if isinstance(arch, str) and arch in ("topk", "batchtopk"):
+        # SAELens's defaults: k=100; rescale off for the inference TopK, on for the (training) BatchTopK
+        values.update(k=raw.get("k", 100), rescale_acts_by_decoder_norm=raw.get("rescale_acts_by_decoder_norm",
+                                                                               arch == "batchtopk"))
+    if isinstance(arch, str) and arch in TRANSCODERS:
+        values["d_out"] = raw.get("d_out", 768)  # SAELens's TranscoderConfig default
+    problems = field_problems(values)
+    if problems:
+        key = problems[0].split()[0]
+        raise ValueError(f"{where}: key {('metadata.' if key.startswith('hook_name') else '') + key!r}"
+                         f"{problems[0][len(key):]}")
     try:
         sae_class(arch)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
-    extra = {}
-    if arch in ("topk", "batchtopk"):
-        # SAELens's defaults: k=100; rescale off for the inference TopK, on for the (training) BatchTopK
-        extra = dict(k=raw.get("k", 100),
-                     rescale_acts_by_decoder_norm=bool(raw.get("rescale_acts_by_decoder_norm", arch == "batchtopk")))
-    if arch in TRANSCODERS:
-        extra["d_out"] = raw.get("d_out", 768)  # SAELens's TranscoderConfig default
     if raw.get("finetuning_scaling_factor"):
         raise ValueError(f"{where}: finetuning_scaling_factor=True (a pre-6 SAELens fine-tuning scale) is not "
                          "supported")
-    hook_out = meta.get("hook_name_out")
+    hook_out = values["hook_name_out"]
+    values["hook_name_out"] = hook_out if hook_out and hook_out != meta["hook_name"] else None
     try:
-        return SAEConfig(architecture=arch, d_in=raw["d_in"], d_sae=raw["d_sae"], hook_name=meta["hook_name"],
-                         hook_name_out=hook_out if hook_out and hook_out != meta["hook_name"] else None,
-                         apply_b_dec_to_input=bool(raw.get("apply_b_dec_to_input", True)),
-                         normalize_activations=raw.get("normalize_activations", "none") or "none",
-                         reshape_activations=raw.get("reshape_activations", "none") or "none",
-                         metadata={k: v for k, v in meta.items() if k not in ("hook_name", "hook_name_out")},
-                         **extra)
+        return SAEConfig(**values, metadata={k: v for k, v in meta.items() if k not in ("hook_name", "hook_name_out")})
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
 
@@ -206,6 +224,9 @@ def training_normalization(folder: Path, cfg: SAEConfig):
             stats[key] = f.get_tensor(key)
             if tuple(stats[key].shape) != shape:
                 raise ValueError(f"{path}: key {key!r} has shape {tuple(stats[key].shape)}; d_in={cfg.d_in} needs {shape}")
+            problem = non_finite(stats[key])
+            if problem is not None:
+                raise ValueError(f"{path}: key {key!r} {problem}; folding it in would give a non-finite SAE")
     return lambda sae: sae.fold_activation_whitening(stats["mean"], stats["matrix"], stats["inverse_matrix"])
 
 
@@ -252,6 +273,12 @@ def load_sae(folder: Union[str, Path], device: Union[str, torch.device, None] = 
             target.copy_(tensors[name])
         if fold is not None:
             fold(sae)
+    if fold is not None:
+        stats = folder / (SCALER_FILENAME if raw.get("normalize_activations") == "expected_average_only_in"
+                          else WHITENING_FILENAME)
+        check_finite_state(sae, f"{stats}: folding these statistics into the weights ({sae.dtype})",
+                           why="the fold overflows, so it is refused")
+    check_computable(sae, str(folder / WEIGHTS_FILENAME))
     if model is not None:
         try:
             sae.check_fits(model)
@@ -287,7 +314,15 @@ def read_weights(path: Path, sae: SAE) -> dict:
                     raise ValueError(f"{path}: key {name!r} has shape {tuple(t.shape)}; a {sae.architecture} SAE "
                                      f"with d_in={sae.cfg.d_in}, d_sae={sae.cfg.d_sae}"
                                      f"{f', d_out={sae.cfg.d_output}' if sae.cfg.d_out else ''} needs {shape}")
+                problem = non_finite(t)
+                if problem is not None:
+                    raise ValueError(f"{path}: key {name!r} {problem}; an SAE with it computes NaN or silently "
+                                     "drops features (SAELens loads it), so it is refused")
                 out[name] = t.to(state[name].dtype)
+                if non_finite(out[name]) is not None:
+                    raise ValueError(f"{path}: key {name!r} is finite in the file ({t.dtype}) but {non_finite(out[name])} "
+                                     f"in {state[name].dtype}, the dtype asked for (largest |value| "
+                                     f"{float(t.abs().max()):.4g}); load it in a wider dtype")
             if "scaling_factor" in keys and not torch.all(f.get_tensor("scaling_factor") == 1):
                 raise ValueError(f"{path}: key 'scaling_factor' is not all ones (a pre-6 SAELens fine-tuning "
                                  "scale), not supported")
@@ -299,15 +334,36 @@ def read_weights(path: Path, sae: SAE) -> dict:
 
 
 def load_sparsity(folder: Union[str, Path], device: Union[str, torch.device, None] = None) -> Optional[torch.Tensor]:
-    """``sparsity.safetensors``'s ``sparsity`` [d_sae] (log10 feature firing frequency), or None."""
+    """``sparsity.safetensors``'s ``sparsity`` [d_sae] (log10 feature firing frequency), or None. Refused,
+    naming the file and key: NaN, values above 0 (a frequency above 1; up to ``log10(1 + 1e-10)``, what the
+    ``+ 1e-10`` of SAELens's and glassbox's trainers gives a feature firing on every token, is 0) and, where
+    the folder's ``cfg.json`` gives ``d_sae``, another length. -inf (log10 of 0: never fired) is kept."""
     recover(folder)
     path = Path(folder) / SPARSITY_FILENAME
     if not path.is_file():
         return None
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        if "sparsity" not in f.keys():
-            raise KeyError(f"{path}: missing key 'sparsity'")
-        t = f.get_tensor("sparsity")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            if "sparsity" not in f.keys():
+                raise KeyError(f"{path}: missing key 'sparsity'")
+            t = f.get_tensor("sparsity")
+    except KeyError:
+        raise
+    except Exception as e:  # safetensors' own parse errors
+        raise ValueError(f"{path}: not a safetensors file ({type(e).__name__}: {e})") from None
+    if not t.is_floating_point():
+        raise ValueError(f"{path}: key 'sparsity' has dtype {t.dtype}; log10 frequencies are floats")
+    n_nan, n_high = int(t.isnan().sum()), int((t > SPARSITY_MAX).sum())
+    if n_nan or n_high:
+        what = f"{n_nan} NaN" if n_nan else f"{n_high} value(s) above 0 (largest {float(t.max()):.4g})"
+        raise ValueError(f"{path}: key 'sparsity' holds {what}; it is log10 of a firing frequency, in [-inf, 0]")
+    try:
+        d_sae = read_config(folder).get("d_sae")
+    except (OSError, ValueError):
+        d_sae = None
+    if isinstance(d_sae, int) and tuple(t.shape) != (d_sae,):
+        raise ValueError(f"{path}: key 'sparsity' has shape {tuple(t.shape)}; {Path(folder) / CFG_FILENAME} has "
+                         f"d_sae={d_sae}, which needs ({d_sae},)")
     return t.to(device) if device is not None else t
 
 

@@ -22,7 +22,8 @@ value captured at the read hook for a transcoder):
 The SAE's parameters are not the model's; the SAE must be on the model's device (checked by add_sae,
 and at run time, where a model moved since names it). ``add_sae`` also refuses an SAE whose d_in (d_out)
 is not its hooks' width (``SAE.check_fits``, from HOOK_SHAPES; a hook the table does not know is checked
-when the SAE first reads it) and one put at a hook point of another spliced SAE. Several SAEs may be
+when the SAE first reads it), one put at a hook point of another spliced SAE, and one with a NaN or
+inf in a parameter or buffer (``checks.py``: checked when spliced, not at every forward). Several SAEs may be
 spliced at once, each at its own hook; adding one where another is spliced replaces it (as SAELens).
 """
 
@@ -36,6 +37,7 @@ from torch import Tensor
 from ...hooks import HookPoint, Splice
 from ...hooks.root import unknown_name_message
 from .base import SAE
+from .checks import check_finite_state, check_one_head
 
 
 # The model each spliced SAE is in (its hook points carry that model's names while it is).
@@ -126,13 +128,18 @@ def acts_to_saes(model) -> dict:
     return {name: splice.owner for name, splice in model.splices.items() if isinstance(splice.transform, SpliceRun)}
 
 
-def add_sae(model, sae: SAE, use_error_term: bool = False) -> None:
-    """Splice ``sae`` into ``model`` at ``sae.cfg.hook_name`` (a transcoder also at ``hook_name_out``)."""
+def add_sae(model, sae: SAE, use_error_term: Optional[bool] = None) -> None:
+    """Splice ``sae`` into ``model`` at ``sae.cfg.hook_name`` (a transcoder also at ``hook_name_out``);
+    ``use_error_term=None`` is the SAE's own ``sae.use_error_term`` (False unless set), as SAELens."""
     if not isinstance(sae, SAE):
         raise TypeError(f"add_sae takes a glassbox SAE, got {type(sae).__name__}")
+    if use_error_term is None:
+        use_error_term = sae.use_error_term
     if not isinstance(use_error_term, bool):
         raise TypeError(f"use_error_term must be True or False, got {use_error_term!r}")
     cfg = sae.cfg
+    check_finite_state(sae, f"the SAE at {cfg.hook_name}")
+    check_one_head(sae, f"the SAE at {cfg.hook_name}")
     for name in dict.fromkeys((cfg.hook_name, cfg.hook_out)):
         if name not in model.hook_dict:
             raise KeyError(f"the SAE reads or writes at {name!r}, which this model does not have: "
@@ -213,10 +220,11 @@ def reset_saes(model, act_names: Optional[Iterable[str]] = None) -> None:
 @contextmanager
 def with_saes(model, saes: Sequence[SAE] = (), reset_saes_end: bool = True, use_error_term: Optional[bool] = None):
     """Splice ``saes`` for the body of a ``with`` block, then remove them and put back whatever was
-    spliced at their hooks before, also when the body raises. ``use_error_term=None`` is False."""
+    spliced at their hooks before, also when the body raises. ``use_error_term=None`` is each SAE's own
+    ``sae.use_error_term`` (False unless set), as SAELens."""
     if isinstance(saes, SAE):
         saes = [saes]
-    error_term = bool(use_error_term)
+    error_term = use_error_term
     added, replaced = [], []
     try:
         for sae in saes:

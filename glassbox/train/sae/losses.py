@@ -41,7 +41,8 @@ def training_step_losses(sae: SAE, x: Float[Tensor, "tokens d_in"], dead: Tensor
                          aux_coefficient: float) -> dict:
     """Losses of one batch: ``loss`` (their sum, to backpropagate), ``mse_loss``, ``l1_loss`` or
     ``aux_loss``, and ``feature_acts`` / ``sae_out`` for the step's statistics. ``dead`` [d_sae] bool."""
-    hidden_pre = sae.encode_pre(x)
+    # The stream's rows are flattened; a hook_z SAE's encode takes the heads unflattened (as SAELens's).
+    hidden_pre = sae.encode_pre(x.unflatten(-1, (-1, sae.d_head)) if sae.cfg.reshape_activations == "hook_z" else x)
     out = {}
     if sae.cfg.architecture == "topk":
         norms = sae.W_dec.norm(dim=-1)

@@ -197,6 +197,8 @@ class SAETrainer:
                                 metadata=dict(metadata or {}))
             sae = sae_class(config.architecture)(sae_cfg, device=device, dtype=dtype)
             initialize(sae, config)
+        if sae.cfg.reshape_activations == "hook_z":
+            sae.d_head = model.cfg.d_head  # the stream's rows are [head * d_head]; encode takes [head d_head]
         self.sae = sae.train()
         if ignore_ids is None:
             ignore_ids = [bos_id]
@@ -253,13 +255,19 @@ class SAETrainer:
             group["lr"] = lr
         x = self.stream.next_batch()
         out = training_step_losses(sae, x, self.dead.mask(), cfg.l1_at(self.step), cfg.aux_k_coefficient)
+        loss = out["loss"].item()
+        if not math.isfinite(loss):  # refused before anything is updated: the SAE stays at the last good step
+            bad = "the activations hold NaN or inf" if not bool(torch.isfinite(x).all()) else \
+                f"the SAE's weights or lr={lr:g} diverged"
+            raise ValueError(f"SAE training step {self.step + 1}: the loss is {loss} ({bad} at {cfg.hook_name}); "
+                             f"nothing was updated, and the SAE is that of step {self.step}")
         self.dead.update(out["feature_acts"])
         self.optimizer.zero_grad(set_to_none=True)
         out["loss"].backward()
         torch.nn.utils.clip_grad_norm_(sae.parameters(), GRAD_CLIP, foreach=False)
         self.optimizer.step()
         self.step += 1
-        record = {"step": self.step, "lr": lr, "loss": out["loss"].item(), "mse_loss": out["mse_loss"].item()}
+        record = {"step": self.step, "lr": lr, "loss": loss, "mse_loss": out["mse_loss"].item()}
         for name in ("l1_loss", "aux_loss"):
             if name in out:
                 record[name] = out[name].item()
