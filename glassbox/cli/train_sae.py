@@ -26,14 +26,11 @@ import re
 import time
 from pathlib import Path
 
-import torch
-
-from ..train.rundir import write_atomic
-from ..weights.pretrained import DEFAULT_MODEL
 from .common import load_model, seed_arg, tokenizer_of
 from .errors import UsageError, device_arg, user_errors
+from .help_values import DEFAULT_MODEL
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("bfloat16", "float16", "float32", "float64")  # the SAE's dtype, a name of torch's
 
 
 def _number(kind, low, low_open=False):
@@ -115,7 +112,7 @@ def add_parser(sub) -> None:
                         "SAELens's exclude_special_tokens)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out (from its checkpoint)")
     p.add_argument("--device", type=device_arg, default=None, help="e.g. cuda; default: cpu")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+    p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="the SAE's dtype (the model runs in float32; default: float32)")
     p.add_argument("--threads", type=POSITIVE, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -133,10 +130,13 @@ def _heldout(text: str) -> float:
 
 
 def run(args) -> int:
+    import torch
+
     from ..interp.sae.evals import evaluate_sae
     from ..train.data import encode_text, split_text
     from ..train.sae.api import SETTINGS as SETTINGS_FILE
     from ..train.sae.api import train_sae
+    from ..train.rundir import write_atomic
 
     start = time.perf_counter()
     if args.threads is not None:
@@ -153,6 +153,8 @@ def run(args) -> int:
         recorded = _recorded(out, SETTINGS_FILE)
         settings = {**recorded["settings"], **given}
         dtype = dtype or recorded["dtype"]
+        if dtype not in DTYPES:
+            raise UsageError(f"--resume: {out / SETTINGS_FILE} records dtype {dtype!r}, not one of {', '.join(DTYPES)}")
     else:
         if out.is_dir() and any(out.iterdir()):
             raise UsageError(f"--out {out} is not empty; add --resume to continue the run there, or name a new "
@@ -177,7 +179,7 @@ def run(args) -> int:
           f"({model.cfg.d_model}-wide residual stream) into {out}")
     with _as_flags(ValueError, KeyError, TypeError):
         sae = train_sae(model, train_text, out=out, resume=args.resume, device=args.device,
-                        dtype=DTYPES[dtype or "float32"], progress=not args.no_progress, **kwargs)
+                        dtype=getattr(torch, dtype or "float32"), progress=not args.no_progress, **kwargs)
     context = sae.cfg.metadata.get("context_size", model.cfg.n_ctx)
     windows = heldout_windows(encode_text(heldout_text, tokenizer), context, tokenizer.bos_token_id,
                               args.eval_windows)
@@ -201,9 +203,11 @@ def run(args) -> int:
     return 0
 
 
-def heldout_windows(stream: torch.Tensor, context_size: int, bos_id: int, limit=None) -> torch.Tensor:
-    """Consecutive, non-overlapping windows ``[BOS] + (context_size - 1)`` held-out tokens (the tail
-    shorter than a window is left out), at most ``limit`` of them."""
+def heldout_windows(stream, context_size: int, bos_id: int, limit=None):
+    """[window context_size] tensor: consecutive, non-overlapping windows ``[BOS] + (context_size - 1)``
+    held-out tokens of the 1-d ``stream`` (the tail shorter than a window is left out), at most ``limit``."""
+    import torch
+
     body = context_size - 1
     n = len(stream) // body if limit is None else min(limit, len(stream) // body)
     chunks = stream[:n * body].reshape(n, body)
