@@ -90,7 +90,11 @@ def model_folder(name: str, also_accepted: str = "") -> Path:
             raise UsageError(f"--model {name!r} is a file, not a model folder; give {accepted}")
         if "/" in name or "\\" in name or name.startswith((".", "~")):
             raise UsageError(f"--model {name!r}: no such folder; give {accepted}")
-        raise UsageError(f"--model {name!r} is not a known model; give {accepted}")
+        from ..suggest import did_you_mean
+        from ..weights.pretrained import known_model_names
+
+        raise UsageError(f"--model {name!r} is not a known model{did_you_mean(name, known_model_names())}; "
+                         f"give {accepted}")
     try:
         return resolve(name)
     except OSError as error:  # only hub names and repo ids get here: no network, or not in the cache
