@@ -258,6 +258,9 @@ def load_sae(folder: Union[str, Path], device: Union[str, torch.device, None] = 
             raise KeyError(f"{cfg_path}: {e.args[0]}") from None
         except ValueError as e:
             raise ValueError(f"{cfg_path}: {e}") from None
+    from ..reprs import saved_evals
+
+    sae.evals = saved_evals(folder)  # shown by the SAE's notebook view; None when the folder has none
     return sae
 
 
