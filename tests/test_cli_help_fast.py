@@ -69,3 +69,24 @@ def test_the_package_still_exports_its_names_lazily():
     assert "module 'glassbox' has no attribute 'HookedTransfomer'" in done.stdout
     assert "did you mean 'HookedTransformer'" in done.stdout
 
+
+def test_the_default_outputs_are_ignored_by_git():
+    """Running demo, circuit or attention in a checkout leaves no untracked files for git to show."""
+    import shutil
+    from pathlib import Path
+
+    import pytest
+
+    from glassbox.cli import build_parser
+
+    root = Path(__file__).resolve().parent.parent
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices
+    outputs = {name: sub[name].get_default("out") for name in ("demo", "circuit", "attention")}
+    assert outputs == {"demo": "glassbox-report", "circuit": "glassbox-circuit", "attention": "attention.html"}
+    paths = ["glassbox-report/index.html", "glassbox-report/summary.json", "glassbox-circuit/graph.json",
+             "attention.html"]
+    done = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=root, capture_output=True, text=True)
+    assert sorted(done.stdout.split()) == sorted(paths), done.stdout + done.stderr
