@@ -67,6 +67,12 @@ CASES = {  # name: (call, error type, the suggestion expected first)
                    .architecture_of_type("lama"), ValueError, "llama"),
     "tl official name": (lambda m: __import__("glassbox.tl.loading_from_pretrained").tl.loading_from_pretrained
                          .get_official_model_name("gpt2-mediun"), ValueError, "gpt2-medium"),
+    "GPT-2 activation_function": (lambda m: __import__("glassbox.weights.gpt2").weights.gpt2.config_from_hf(
+        __import__("transformers").GPT2Config(activation_function="gelu_nwe")), ValueError, "gelu_new"),
+    "GPT-J activation_function": (lambda m: __import__("glassbox.weights.gptj").weights.gptj.config_from_gptj(
+        __import__("transformers").GPTJConfig(activation_function="rleu")), ValueError, "relu"),
+    "SAE architecture": (lambda m: __import__("glassbox.interp.sae.architectures").interp.sae.architectures
+                         .sae_class("jumprelu_"), ValueError, "jumprelu"),
     "sweep activation": (lambda m: __import__("glassbox.interp.patching.engine").interp.patching.engine
                          .resolve_template(m, "resid_pr"), ValueError, "resid_pre"),
     "atp activation": (lambda m: __import__("glassbox.interp.attribution.nodes").interp.attribution.nodes
