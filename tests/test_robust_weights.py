@@ -496,3 +496,27 @@ def test_a_saved_bpe_tokenizer_writes_gpt2s_vocab_and_merges_files(tmp_path):
         model.save_pretrained(target)
         assert json.loads((target / "vocab.json").read_text()) == json.loads((shipped / "vocab.json").read_text())
         assert (target / "merges.txt").read_bytes() == (shipped / "merges.txt").read_bytes(), target
+
+
+def test_a_save_shows_no_bar_of_transformers_and_puts_its_setting_back(models, tmp_path, capsys, monkeypatch):
+    from transformers import PreTrainedModel
+    from transformers.utils import logging as hf_logging
+
+    old = models[0]
+    try:
+        for enabled in (True, False):
+            (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+            save_pretrained(old, tmp_path / f"model-{enabled}")
+            assert hf_logging.is_progress_bar_enabled() is enabled
+        assert "Writing model shards" not in capsys.readouterr().err
+        hf_logging.enable_progress_bar()
+
+        def fails(*args, **kwargs):
+            raise Boom("disk full")
+
+        monkeypatch.setattr(PreTrainedModel, "save_pretrained", fails)
+        with pytest.raises(Boom):
+            save_pretrained(old, tmp_path / "failed")
+        assert hf_logging.is_progress_bar_enabled()  # put back when the write fails too
+    finally:
+        hf_logging.enable_progress_bar()

@@ -275,3 +275,13 @@ def test_overwrite_replaces_a_run_with_other_settings(root, tmp_path):
     settings = json.loads((out / "train_settings.json").read_text())["settings"]
     assert settings["arch"] == "classic" and settings["steps"] == 2
     assert [json.loads(line)["step"] for line in (out / "train_log.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_no_progress_leaves_no_progress_bar_at_all(tmp_path):
+    """Neither the trainer's bar nor one of a library it calls (transformers' "Writing model shards")."""
+    text = tmp_path / "text.txt"
+    text.write_text(AUSTEN.read_text(encoding="utf-8")[:60000], encoding="utf-8")
+    done = glassbox("--text", text, "--out", tmp_path / "run", *TINY)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+    assert done.stderr == "", done.stderr

@@ -6,12 +6,10 @@ Without ``--model`` the page shows the shipped model (glassbox-austen); ``--mode
 seeded random tiny GPT-2 (with GPT-2's tokenizer): useful to try the viewer, meaningless as a model.
 """
 
-import torch
-
-from ..weights.pretrained import DEFAULT_MODEL
 from .common import (load_model, output_file, positive_int, prompt_tokens, seed_arg, text_arg, tokenizer_of,
                      write_output)
 from .errors import UsageError, device_arg
+from .help_values import DEFAULT_MODEL
 
 TINY = dict(d_model=64, n_layers=2, n_heads=4, d_vocab=50257, n_ctx=256)
 
@@ -34,6 +32,8 @@ def add_parser(sub) -> None:
 
 
 def build_model(name, device, seed: int):
+    import torch
+
     from ..models import Config, HookedTransformer
     from ..models.init import init_weights
 
@@ -45,8 +45,10 @@ def build_model(name, device, seed: int):
     return model.eval()
 
 
-def patterns_of(model, tokens) -> torch.Tensor:
+def patterns_of(model, tokens):
     """[layer head query_pos key_pos] attention patterns of one prompt."""
+    import torch
+
     names = [f"blocks.{L}.attn.hook_pattern" for L in range(model.cfg.n_layers)]
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=names, return_type=None)

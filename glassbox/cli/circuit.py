@@ -23,10 +23,10 @@ each. A mistake in the arguments is one line, ``glassbox circuit: error: ...``, 
 import json
 import time
 
-from ..weights.pretrained import DEFAULT_MODEL
 from .common import (load_model, make_folder, output_folder, positive_int, prompt_tokens, text_arg, tokenizer_of,
                      write_output)
 from .errors import UsageError, device_arg, user_errors
+from .help_values import DEFAULT_MODEL
 
 METHODS = {"EAP": "EAP", "EAP-IG": "EAP-IG-inputs", "EAP-IG-inputs": "EAP-IG-inputs",
            "EAP-IG-activations": "EAP-IG-activations"}  # --method -> eap()'s method

@@ -10,13 +10,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
-import torch
-
-from ..fs import write_text
-from ..models import HookedTransformer
-from ..weights.pretrained import (DEFAULT_MODEL, HUB_MODELS, SHIPPED_DIR, from_pretrained, hub_cache_dir, hub_offline,
-                                  is_hub_repo_id, resolve, shipped_models)
 from .errors import UsageError, user_errors
+from .help_values import DEFAULT_MODEL
 
 SEED_RANGE = (0, 2 ** 64 - 1)  # torch.manual_seed takes these (and negative ones, mapped onto them)
 
@@ -54,12 +49,17 @@ def positive_int(value: str) -> int:
     return number
 
 
-def load_model(name: str, device: Optional[str] = None, dtype: torch.dtype = torch.float32,
-               also_accepted: str = "") -> HookedTransformer:
-    """``HookedTransformer.from_pretrained(name)``, with the user's mistakes as UsageError.
+def load_model(name: str, device: Optional[str] = None, dtype=None, also_accepted: str = ""):
+    """``HookedTransformer.from_pretrained(name)`` (in ``dtype``, default float32), with the user's
+    mistakes as UsageError.
 
     ``also_accepted`` names values the command handles itself (e.g. "'random'"), for the message.
     """
+    import torch
+
+    from ..weights.pretrained import from_pretrained
+
+    dtype = torch.float32 if dtype is None else dtype
     if name == "":
         raise UsageError(f"--model is empty; give {accepted_models(also_accepted)}")
     folder = model_folder(name, also_accepted)
@@ -72,6 +72,8 @@ def load_model(name: str, device: Optional[str] = None, dtype: torch.dtype = tor
 
 
 def accepted_models(also_accepted: str = "") -> str:
+    from ..weights.pretrained import HUB_MODELS, shipped_models
+
     return (f"a model folder (config.json and weights, as save_pretrained and glassbox train write), a "
             f"shipped model ({', '.join(shipped_models()) or 'none'}), a hub name ({', '.join(HUB_MODELS)}) or "
             "a Hugging Face repo id ('org/name')"
@@ -79,6 +81,8 @@ def accepted_models(also_accepted: str = "") -> str:
 
 
 def model_folder(name: str, also_accepted: str = "") -> Path:
+    from ..weights.pretrained import HUB_MODELS, SHIPPED_DIR, is_hub_repo_id, resolve
+
     accepted = accepted_models(also_accepted)
     path = Path(name).expanduser()
     if not path.is_dir() and not (SHIPPED_DIR / name).is_dir() and name not in HUB_MODELS and not is_hub_repo_id(name):
@@ -86,7 +90,11 @@ def model_folder(name: str, also_accepted: str = "") -> Path:
             raise UsageError(f"--model {name!r} is a file, not a model folder; give {accepted}")
         if "/" in name or "\\" in name or name.startswith((".", "~")):
             raise UsageError(f"--model {name!r}: no such folder; give {accepted}")
-        raise UsageError(f"--model {name!r} is not a known model; give {accepted}")
+        from ..suggest import did_you_mean
+        from ..weights.pretrained import known_model_names
+
+        raise UsageError(f"--model {name!r} is not a known model{did_you_mean(name, known_model_names())}; "
+                         f"give {accepted}")
     try:
         return resolve(name)
     except OSError as error:  # only hub names and repo ids get here: no network, or not in the cache
@@ -95,6 +103,8 @@ def model_folder(name: str, also_accepted: str = "") -> Path:
 
 def hub_failure(name: str, cause: BaseException) -> str:
     from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from ..weights.pretrained import hub_cache_dir, hub_offline
 
     instead = f"pass a local model folder, or {DEFAULT_MODEL} (shipped with glassbox)"
     if isinstance(cause, LocalEntryNotFoundError):
@@ -106,7 +116,7 @@ def hub_failure(name: str, cause: BaseException) -> str:
             f"{instead}")
 
 
-def tokenizer_of(model: HookedTransformer, name: str):
+def tokenizer_of(model, name: str):
     """The model's tokenizer, or a UsageError saying that the folder has none."""
     try:
         return model.tokenizer
@@ -116,8 +126,7 @@ def tokenizer_of(model: HookedTransformer, name: str):
                          "folder with its tokenizer files") from None
 
 
-def prompt_tokens(model: HookedTransformer, prompt: str, prepend_bos: Optional[bool] = None,
-                  flag: str = "--prompt") -> torch.Tensor:
+def prompt_tokens(model, prompt: str, prepend_bos: Optional[bool] = None, flag: str = "--prompt"):
     """[1 pos] tokens of a prompt that is not empty and fits the model's context."""
     if prompt == "":
         raise UsageError(f"{flag} is empty; give some text")
@@ -173,5 +182,7 @@ def make_folder(path: Path, out: str) -> None:
 
 
 def write_output(path: Path, out: str, text: str) -> None:
+    from ..fs import write_text
+
     with user_errors(OSError, prefix=f"--out {out!r}: cannot write it: "):
         write_text(path, text)  # written whole (glassbox.fs): a failure leaves the old file

@@ -16,16 +16,14 @@ import functools
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from ..weights.pretrained import DEFAULT_MODEL
 from .common import load_model, make_folder, output_folder, prompt_tokens, text_arg, tokenizer_of
 from .errors import UsageError, device_arg
+from .help_values import DEFAULT_ANSWER, DEFAULT_DISTRACTOR, DEFAULT_MODEL, DEFAULT_PROMPT
 
 HELDOUT_FRAC = 0.05  # the share of data/austen.txt held out from the shipped model's and SAE's training
 
 
 def add_parser(sub) -> None:
-    from ..interp.report import DEFAULT_ANSWER, DEFAULT_DISTRACTOR, DEFAULT_PROMPT
-
     p = sub.add_parser("demo", help="parity, attention, heads, logit lens, patching and features in one report")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"hub name (gpt2, ...; from the hub or the local Hugging Face cache), folder "

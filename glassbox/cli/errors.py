@@ -16,11 +16,20 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse's parser with a one-line error (no usage block): ``PROG: error: MESSAGE``, exit 2."""
+    """argparse's parser with a one-line error (no usage block): ``PROG: error: MESSAGE``, exit 2; a value
+    outside a flag's (or the subcommand's) choices is answered with the closest ones."""
 
     def error(self, message: str):
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         sys.exit(2)
+
+    def _check_value(self, action, value):  # argparse calls it for every value of an action with choices
+        if action.choices is not None and value not in action.choices:
+            from ..suggest import did_you_mean
+
+            names = ", ".join(repr(c) for c in action.choices)
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{did_you_mean(value, action.choices)} "
+                                                 f"(choose from {names})")
 
 
 @contextmanager

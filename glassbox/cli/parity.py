@@ -2,14 +2,12 @@
 
 import time
 
-import torch
-
-from ..weights.pretrained import DEFAULT_MODEL
 from .common import load_model, prompt_tokens, seed_arg, text_arg
 from .errors import device_arg
+from .help_values import DEFAULT_MODEL, PARITY_TOLERANCE
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
-TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
+TOLERANCE = PARITY_TOLERANCE  # dtype name -> the largest relative difference for which parity holds
 
 
 def add_parser(sub) -> None:
@@ -31,6 +29,8 @@ def add_parser(sub) -> None:
 
 
 def build_model(name, device, dtype, seed):
+    import torch
+
     from ..models import HookedTransformer
     from ..weights import hub_config
 
@@ -41,6 +41,8 @@ def build_model(name, device, dtype, seed):
 
 
 def run(args) -> int:
+    import torch
+
     from ..weights.parity import format_report, parity_report
 
     dtype = getattr(torch, args.dtype)
@@ -60,7 +62,7 @@ def run(args) -> int:
           f"{tokens.shape[1]} tokens of {source}")
     print(format_report(rows))
     worst = max(r.rel_diff for r in rows)
-    ok = worst <= TOLERANCE[dtype]
-    print(f"worst relative difference {worst:.2e} (tolerance {TOLERANCE[dtype]:.0e}): "
+    ok = worst <= TOLERANCE[args.dtype]
+    print(f"worst relative difference {worst:.2e} (tolerance {TOLERANCE[args.dtype]:.0e}): "
           f"{'PARITY HOLDS' if ok else 'PARITY FAILS'} [{time.perf_counter() - start:.1f} s]")
     return 0 if ok else 1

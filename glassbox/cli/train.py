@@ -26,10 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-from ..models.presets import PRESETS, preset_config
 from .errors import UsageError, device_arg, user_errors
+from .help_values import PRESET_NAMES
 
 def _number(kind, low=None, high=None, low_open=False, high_open=False):
     """argparse ``type=``: an int or a finite float in a range, refused with the range in words."""
@@ -98,7 +96,7 @@ def add_parser(sub) -> None:
         if kind is bool:
             p.add_argument(flag, action="store_const", const=True, default=None, help=shown)
         elif name == "arch":
-            p.add_argument(flag, choices=sorted(PRESETS), default=None, help=f"{shown}")
+            p.add_argument(flag, choices=PRESET_NAMES, default=None, help=f"{shown}")
         else:
             p.add_argument(flag, type=kind, default=None, help=shown)
     p.add_argument("--resume", action="store_true", help="continue the run in DIR (from DIR/checkpoint)")
@@ -110,6 +108,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    import torch
+
     from ..train import load_tokenizer
 
     given = {name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}
@@ -217,6 +217,8 @@ def _check_new_run(settings: dict, out: Path, text: str, train_text: str, heldou
 
 
 def _model_config(s: dict, d_vocab: int, name: str):
+    from ..models.presets import preset_config
+
     overrides = {} if s["init_range"] is None else {"init_range": s["init_range"]}
     if s["untied"]:
         overrides["tied_unembed"] = False
@@ -331,6 +333,8 @@ def _train_and_save(trainer, out: Path, tokenizer, train_stream, start: float) -
 
 
 def _gpt2_like(cfg) -> bool:
+    from ..models.presets import preset_config
+
     return cfg == preset_config("gpt2", d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
                                 d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx, model_name=cfg.model_name,
                                 init_range=cfg.init_range, tied_unembed=cfg.tied_unembed)

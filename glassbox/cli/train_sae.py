@@ -28,14 +28,11 @@ import re
 import time
 from pathlib import Path
 
-import torch
-
-from ..train.rundir import write_atomic
-from ..weights.pretrained import DEFAULT_MODEL
 from .common import load_model, seed_arg, tokenizer_of
 from .errors import UsageError, device_arg, user_errors
+from .help_values import DEFAULT_MODEL
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("bfloat16", "float16", "float32", "float64")  # the SAE's dtype, a name of torch's
 
 
 def _number(kind, low, low_open=False):
@@ -117,7 +114,7 @@ def add_parser(sub) -> None:
                         "SAELens's exclude_special_tokens)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out (from its checkpoint)")
     p.add_argument("--device", type=device_arg, default=None, help="e.g. cuda; default: cpu")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+    p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="the SAE's dtype (the model runs in float32; default: float32)")
     p.add_argument("--threads", type=POSITIVE, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -135,10 +132,13 @@ def _heldout(text: str) -> float:
 
 
 def run(args) -> int:
+    import torch
+
     from ..interp.sae.evals import evaluate_sae
     from ..train.data import encode_text, split_text
     from ..train.sae.api import SETTINGS as SETTINGS_FILE
     from ..train.sae import api
+    from ..train.rundir import write_atomic
 
     start = time.perf_counter()
     if args.threads is not None:
@@ -160,6 +160,8 @@ def run(args) -> int:
                                  "run's settings (or leave them out)")
         settings = {**recorded["settings"], **given}
         dtype = dtype or recorded["dtype"]
+        if dtype not in DTYPES:
+            raise UsageError(f"--resume: {out / SETTINGS_FILE} records dtype {dtype!r}, not one of {', '.join(DTYPES)}")
     else:
         if out.is_dir() and any(out.iterdir()):
             raise UsageError(f"--out {out} is not empty; add --resume to continue the run there, or name a new "
@@ -257,9 +259,11 @@ def _check_settings(model_name: str, settings: dict) -> None:
         SAETrainConfig(**options)
 
 
-def heldout_windows(stream: torch.Tensor, context_size: int, bos_id: int, limit=None) -> torch.Tensor:
-    """Consecutive, non-overlapping windows ``[BOS] + (context_size - 1)`` held-out tokens (the tail
-    shorter than a window is left out), at most ``limit`` of them."""
+def heldout_windows(stream, context_size: int, bos_id: int, limit=None):
+    """[window context_size] tensor: consecutive, non-overlapping windows ``[BOS] + (context_size - 1)``
+    held-out tokens of the 1-d ``stream`` (the tail shorter than a window is left out), at most ``limit``."""
+    import torch
+
     body = context_size - 1
     n = len(stream) // body if limit is None else min(limit, len(stream) // body)
     chunks = stream[:n * body].reshape(n, body)

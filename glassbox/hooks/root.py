@@ -27,13 +27,13 @@ Contract:
   ``RuntimeError`` (see ``threads.py``). One model per thread, or serialised calls.
 """
 
-import difflib
 import warnings
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 from torch import nn
 
+from ..suggest import close_names
 from .hook_point import HookFn, HookHandle, HookPoint, check_direction, check_level
 from .splice import Splice, parent_and_attr
 from .threads import HookStateGuard
@@ -278,6 +278,6 @@ def _as_pairs(specs: HookSpec, dir: str) -> Iterable[tuple]:
 
 def unknown_name_message(name: str, valid: Iterable[str]) -> str:
     valid = list(valid)
-    close = difflib.get_close_matches(name, valid, n=5, cutoff=0.5)
+    close = close_names(name, valid, cutoff=0.5)
     hint = f"closest valid names: {', '.join(close)}" if close else f"{len(valid)} valid names, e.g. {', '.join(valid[:3])}"
     return f"unknown hook name {name!r}; {hint}"

@@ -10,8 +10,9 @@ Footgun: the name is built whether or not the model has that hook; the cache loo
 naming the closest cached keys.
 """
 
-import difflib
 from typing import Optional
+
+from ..suggest import close_names
 
 # kind -> (module inside a block, "" for the block itself; or None for a model-level hook)
 BLOCK_KINDS = {
@@ -49,7 +50,7 @@ def act_name(kind: str, layer: Optional[int] = None, layer_type: Optional[str] =
         return _norm_name(kind, layer, module)
     if kind not in BLOCK_KINDS:
         known = sorted([*BLOCK_KINDS, *MODEL_KINDS, *NORM_KINDS, *KIND_ALIASES])
-        close = difflib.get_close_matches(kind, known, n=3, cutoff=0.5)
+        close = close_names(kind, known, cutoff=0.5)
         hint = f"closest: {', '.join(close)}; " if close else ""
         raise KeyError(f"unknown activation kind {kind!r}; {hint}known kinds: {', '.join(known)}")
     if layer is None:

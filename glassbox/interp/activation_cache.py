@@ -98,7 +98,14 @@ class ActivationCache(Mapping):
         return True
 
     def __repr__(self) -> str:
-        return f"ActivationCache({len(self)} activations, {self.nbytes / 2**20:.1f} MiB)"
+        from .reprs import cache_repr
+
+        return cache_repr(self)
+
+    def _repr_html_(self) -> str:  # the notebook view: keys grouped by layer, with shapes and sizes
+        from .reprs import cache_html
+
+        return cache_html(self)
 
     def resolve(self, key: Key) -> str:
         """The full hook name of a key: a name stays as it is, a tuple goes through ``act_name``

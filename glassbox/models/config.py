@@ -265,4 +265,6 @@ def _positive_int(cfg: Config, name: str) -> None:
 def _one_of(cfg: Config, name: str, options: tuple) -> None:
     value = getattr(cfg, name)
     if value not in options:
-        raise ValueError(f"Config.{name} must be one of {options}, got {value!r}")
+        from ..suggest import did_you_mean
+
+        raise ValueError(f"Config.{name} must be one of {options}, got {value!r}{did_you_mean(value, options)}")

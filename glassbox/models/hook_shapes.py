@@ -131,6 +131,11 @@ def hook_shape(name: str, flags=None, cfg=None) -> str:
     (a post-norm ln1 reads resid_pre + attn_out, never the per-head inputs).
     """
     pattern = hook_pattern(name)
+    if pattern not in HOOK_SHAPES:
+        from ..suggest import did_you_mean
+
+        raise KeyError(f"{name!r} is not a hook name of HOOK_SHAPES (its pattern {pattern!r} is not in the table)"
+                       + did_you_mean(pattern, HOOK_SHAPES))
     shape = HOOK_SHAPES[pattern][0]
     per_head = flags is not None and (flags.use_attn_in or flags.use_split_qkv_input)
     if per_head and pattern in PER_HEAD_LN1_HOOKS and getattr(cfg, "norm_placement", "pre") in ("pre", "sandwich"):

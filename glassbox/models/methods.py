@@ -135,3 +135,10 @@ class ModelMethods:
     def all_head_labels(self) -> list:
         """["L0H0", "L0H1", ...]: every attention head, layer-major."""
         return [f"L{layer}H{head}" for layer in range(self.cfg.n_layers) for head in range(self.cfg.n_heads)]
+
+    def _repr_html_(self) -> str:
+        """The notebook view: name, family, sizes, dtype, device, hook flags and the hooks attached
+        (``print(model)`` keeps torch's module tree)."""
+        from ..interp.reprs import model_html
+
+        return model_html(self)

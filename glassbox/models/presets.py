@@ -40,7 +40,9 @@ def preset_config(name: str, **fields) -> Config:
     Missing sizes default to GPT-2 small's (d_model 768, 12 layers, 12 heads, vocab 50257, n_ctx 1024).
     """
     if name not in PRESETS:
-        raise KeyError(f"unknown architecture preset {name!r}; known: {', '.join(PRESETS)}")
+        from ..suggest import did_you_mean
+
+        raise KeyError(f"unknown architecture preset {name!r}{did_you_mean(name, PRESETS)}; known: {', '.join(PRESETS)}")
     options = {**DEFAULT_SIZES, **PRESETS[name], "model_name": name, **fields}
     if name == "modern" and "d_mlp" not in fields:
         options["d_mlp"] = swiglu_width(options["d_model"])

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import torch
 
 from ..interp.attribution import METHODS as EAP_METHODS
-from ..interp.attribution import Graph, attribution_patch, eap
+from ..interp.attribution import ATP_ACTIVATIONS, Graph, attribution_patch, eap
 from ..interp.patching.result import PatchResult
 from .jobs_data import PairJob, PromptPairs
 from .jobs_sweep import NodeJob, check_metric, model_and_pairs, pair_metric
@@ -41,6 +41,7 @@ class AttributionJob(NodeJob):
     """AtP (or AtP*) estimates of ``activation_patch`` of ``activation`` over ``axes`` on every pair."""
 
     name = "attribution"
+    activation_names, full_hook_names = ATP_ACTIVATIONS, True
 
     def __init__(self, model_spec: dict, pairs: PromptPairs, activation: Union[str, Sequence[str]],
                  axes: Sequence[str], metric: str = "logit_diff", batch_size: int = 8,

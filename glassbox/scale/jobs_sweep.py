@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import torch
 
 from ..interp.cache import run_with_cache
-from ..interp.patching.engine import PATCH_AXES, activation_patch, resolve_template
+from ..interp.patching.engine import ACTIVATIONS, PATCH_AXES, activation_patch, check_activation, resolve_template
 from ..interp.patching.metrics import LogitDiff, TargetLoss, TargetProb
 from ..interp.patching.result import PatchResult
 from .jobs_data import PairJob, PromptPairs
@@ -81,6 +81,9 @@ class NodeResult:
 class NodeJob(PairJob):
     """A sweep or AtP over pairs: per-pair values [pair *grid], their mean at finalize."""
 
+    # the activation names the job takes (checked when the job is made, before any shard runs)
+    activation_names, full_hook_names = ACTIVATIONS, False
+
     def __init__(self, model_spec: dict, pairs: PromptPairs, activation: Union[str, Sequence[str]],
                  axes: Sequence[str], metric: str = "logit_diff", batch_size: int = 8,
                  shard_size: Optional[int] = None):
@@ -93,6 +96,8 @@ class NodeJob(PairJob):
             self.activation = list(activation)
             if not self.activation or not all(isinstance(a, str) for a in self.activation):
                 raise ValueError(f"activation must be a name or a non-empty list of names, got {activation!r}")
+        for name in [self.activation] if isinstance(self.activation, str) else self.activation:
+            check_activation(name, self.activation_names, self.full_hook_names)
         self.metric = metric
         super().__init__(model_spec, pairs, batch_size, shard_size)
         self._labels: Optional[dict] = None

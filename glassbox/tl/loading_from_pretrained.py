@@ -37,7 +37,11 @@ def get_official_model_name(model_name: str) -> str:
             return official
     if is_hub_repo_id(str(model_name)):
         return str(model_name)
-    raise ValueError(f"{model_name!r} is not a model glassbox can load by name; the names are "
+    from ..suggest import did_you_mean
+
+    spellings = [*MODEL_ALIASES, *(a for aliases in MODEL_ALIASES.values() for a in aliases)]
+    raise ValueError(f"{model_name!r} is not a model glassbox can load by name"
+                     f"{did_you_mean(str(model_name), spellings)}; the names are "
                      f"{', '.join(OFFICIAL_MODEL_NAMES)} (and their aliases), or pass a local Hugging Face folder "
                      "or a Hugging Face repo id ('org/name')")
 

@@ -26,8 +26,10 @@ def architecture_of_type(model_type, source: str = "config", hf_architectures=No
             if arch.hf_model_class == name:
                 return arch
     named = f" (architectures={list(hf_architectures)})" if hf_architectures else ""
+    from ..suggest import did_you_mean
+
     raise ValueError(f"{source} describes model_type={model_type!r}{named}; glassbox converts "
-                     f"{', '.join(ARCHITECTURES)}")
+                     f"{', '.join(ARCHITECTURES)}{did_you_mean(model_type, ARCHITECTURES)}")
 
 
 def architecture_of_config(cfg: Config) -> Architecture:

@@ -119,7 +119,15 @@ def previous_model_files(folder: Path) -> list:
 
 # -- a module function, so that a test can make it fail ------------------------------------------
 def _write(hf_model, tokenizer, tmp: Path) -> None:
-    hf_model.save_pretrained(str(tmp))
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # its "Writing model shards" bar; the caller shows its own progress
+    try:
+        hf_model.save_pretrained(str(tmp))
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
         # transformers 5 writes only tokenizer.json; GPT-2's own vocab.json and merges.txt are what

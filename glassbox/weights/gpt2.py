@@ -36,7 +36,10 @@ def config_from_hf(hf_config) -> Config:
         raise ValueError(f"GPT-2 activation_function {act!r} has learned parameters of its own, which glassbox's "
                          "MLP does not hold")
     if act not in SUPPORTED_ACTIVATIONS:
-        raise ValueError(f"GPT-2 activation_function {act!r} is not one of {SUPPORTED_ACTIVATIONS}")
+        from ..suggest import did_you_mean
+
+        raise ValueError(f"GPT-2 activation_function {act!r} is not one of {SUPPORTED_ACTIVATIONS}"
+                         + did_you_mean(act, SUPPORTED_ACTIVATIONS))
     return Config(
         attn_scale=None if getattr(hf_config, "scale_attn_weights", True) else 1.0,
         scale_attn_by_inverse_layer_idx=bool(getattr(hf_config, "scale_attn_by_inverse_layer_idx", False)),

@@ -32,8 +32,10 @@ def config_from_gptj(hf_config) -> Config:
         raise ValueError(f"expected a GPT-J config, got model_type={getattr(hf_config, 'model_type', None)!r}")
     act = hf_config.activation_function
     if act not in ACTIVATIONS:
+        from ..suggest import did_you_mean
+
         raise ValueError(f"GPT-J activation_function {act!r} is not supported (glassbox computes "
-                         f"{', '.join(ACTIVATIONS)})")
+                         f"{', '.join(ACTIVATIONS)}){did_you_mean(act, ACTIVATIONS)}")
     d_head = hf_config.n_embd // hf_config.n_head
     return Config(
         d_model=hf_config.n_embd, n_layers=hf_config.n_layer, n_heads=hf_config.n_head,

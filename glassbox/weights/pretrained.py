@@ -31,6 +31,7 @@ from typing import Optional, Union
 import torch
 
 from ..models import Config, HookedTransformer
+from ..suggest import did_you_mean
 from ..models.devices import requested_map
 from .architectures import ARCHITECTURES, architecture_of_type
 from .checks import check_against_weights, check_config_fields
@@ -65,7 +66,7 @@ def hub_config(name: str) -> Config:
     from transformers import GPT2Config
 
     if name not in HUB_MODELS:
-        raise KeyError(f"unknown hub model {name!r}; known: {', '.join(HUB_MODELS)}")
+        raise KeyError(f"unknown hub model {name!r}{did_you_mean(name, HUB_MODELS)}; known: {', '.join(HUB_MODELS)}")
     n_layer, n_embd, n_head = HUB_MODELS[name]
     return config_from_hf(GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, name_or_path=name))
 
@@ -94,7 +95,8 @@ def resolve(name_or_path: Union[str, Path], files=None) -> Path:
     if _is_repo_id(name):
         return hub_snapshot(name, HUB_FILES if files is None else files)
     raise ValueError(f"{name!r} is neither a folder, a shipped model ({', '.join(shipped_models()) or 'none'}) "
-                     "nor a Hugging Face repo id ('org/name' or a bare name such as gpt2)")
+                     "nor a Hugging Face repo id ('org/name' or a bare name such as gpt2)"
+                     + did_you_mean(name, known_model_names()))
 
 
 def _is_repo_id(name: str) -> bool:
@@ -179,7 +181,19 @@ def _not_found(repo_id: str, cache: Path, offline: bool, err: Exception) -> str:
     return (f"{repo_id!r} is neither a folder, a shipped model ({', '.join(shipped_models()) or 'none'}) nor a "
             f"repo id in the local Hugging Face cache (searched {folder}, in the cache {cache}), and glassbox "
             f"could not fetch {repo_id!r} from the Hugging Face hub: {why}. Download it once with network "
-            "access, set HF_HUB_CACHE to the cache that holds it, or pass a local folder")
+            "access, set HF_HUB_CACHE to the cache that holds it, or pass a local folder"
+            + did_you_mean(repo_id, known_model_names(cache)))
+
+
+def known_model_names(cache: Optional[Path] = None) -> list:
+    """The names ``from_pretrained`` takes without a folder or the hub: shipped models, the GPT-2 hub
+    names, and the repo ids in the local Hugging Face cache (``cache``, default ``hub_cache_dir()``)."""
+    cache = hub_cache_dir() if cache is None else cache
+    try:
+        cached = [p.name[len("models--"):].replace("--", "/") for p in cache.glob("models--*") if p.is_dir()]
+    except OSError:  # an unreadable cache: no names from it
+        cached = []
+    return [*shipped_models(), *HUB_MODELS, *sorted(cached)]
 
 
 DTYPE_NAMES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,

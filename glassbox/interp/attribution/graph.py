@@ -68,6 +68,16 @@ class Graph:
         if not isinstance(self.metadata, dict):
             raise ValueError(f"Graph.metadata must be a dict, got {type(self.metadata).__name__}")
 
+    def __repr__(self) -> str:  # counts, the best edges and the circuit, not the scores tensor
+        from ..reprs import graph_repr
+
+        return graph_repr(self)
+
+    def _repr_html_(self) -> str:
+        from ..reprs import graph_html
+
+        return graph_html(self)
+
     # --- edges -----------------------------------------------------------------------------------
     def edge_mask(self) -> Tensor:
         """bool [n_senders, n_receivers]: True where the edge exists."""

@@ -79,8 +79,11 @@ def resolve_nodes(model, activation: str, axes: Sequence[str], hook_axes: Option
     gated = flag is not None and hook_pattern(names[0]) in FLAG_GATED_HOOKS and int(names[0].split(".")[1]) < n_layers
     if names[0] not in model.hook_dict and not gated:
         if not layered and activation not in model.hook_dict and "." not in activation:
-            raise ValueError(f"unknown activation {activation!r}: give one of {', '.join(ATP_ACTIVATIONS)}, a "
-                             "hook name template containing {L}, or a full hook name")
+            from ...suggest import did_you_mean
+
+            raise ValueError(f"unknown activation {activation!r}{did_you_mean(activation, ATP_ACTIVATIONS)}: give "
+                             f"one of {', '.join(ATP_ACTIVATIONS)}, a hook name template containing {{L}}, or a full "
+                             "hook name")
         raise KeyError(unknown_name_message(names[0], model.hook_dict))
     try:
         act_axes = tuple(AXIS_NAMES.get(a, a) for a in hook_shape(names[0], model.hook_flags, model.cfg).split()[1:])

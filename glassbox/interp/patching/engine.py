@@ -297,11 +297,38 @@ def patch_mask(index: Tensor, axes: tuple, act_axes: list, act_shape: tuple, fir
     return mask
 
 
+def check_activation(activation: str, known: Optional[Mapping] = None, full_names: bool = False) -> str:
+    """The hook-name template of ``activation`` (a key of ``known``, default ``ACTIVATIONS``, or a template
+    with ``{L}``; with ``full_names`` also one hook name), checked without a model against HOOK_SHAPES,
+    so that a job can refuse a misspelt name before it starts. ValueError for an unknown word, KeyError
+    for a name no model has; each names the closest valid ones. Whether this model has the hook is for
+    ``resolve_template`` (or the attribution's ``resolve_nodes``) to say."""
+    from ...models.hook_shapes import HOOK_SHAPES, hook_pattern
+    from ...suggest import did_you_mean
+
+    known = ACTIVATIONS if known is None else known
+    if not isinstance(activation, str):
+        raise TypeError(f"activation must be a string, got {type(activation).__name__}")
+    template = known.get(activation, activation)
+    layered = "{L}" in template
+    if not layered and not (full_names and ("." in template or template in HOOK_SHAPES)):
+        also = ", a hook name template containing {L}" + (", or a full hook name" if full_names else "")
+        raise ValueError(f"unknown activation {activation!r}{did_you_mean(activation, known)}: give one of "
+                         f"{', '.join(known)}{also}")
+    pattern = hook_pattern(template.replace("{L}", "0"))
+    if pattern not in HOOK_SHAPES:
+        raise KeyError(f"unknown hook name {template!r}: no model has {pattern!r}"
+                       f"{did_you_mean(pattern, HOOK_SHAPES)}")
+    return template
+
+
 def resolve_template(model, activation: str) -> str:
     template = ACTIVATIONS.get(activation, activation)
     if "{L}" not in template:
-        raise ValueError(f"unknown activation {activation!r}: give one of {', '.join(ACTIVATIONS)} or a hook "
-                         "name template containing {L}")
+        from ...suggest import did_you_mean
+
+        raise ValueError(f"unknown activation {activation!r}{did_you_mean(activation, ACTIVATIONS)}: give one of "
+                         f"{', '.join(ACTIVATIONS)} or a hook name template containing {{L}}")
     name = template.format(L=0)
     if name not in model.hook_dict:
         raise KeyError(unknown_name_message(name, model.hook_dict))

@@ -47,3 +47,8 @@ class PatchResult:
     def __repr__(self) -> str:
         dims = ", ".join(f"{a}={n}" for a, n in zip(self.axes, self.values.shape))
         return f"PatchResult({self.name or 'sweep'}: {dims}; metric={self.metric or '?'})"
+
+    def _repr_html_(self) -> str:  # the notebook view: a heatmap table in plain HTML (no script)
+        from ..reprs import patch_html
+
+        return patch_html(self)

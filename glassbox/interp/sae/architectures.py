@@ -295,7 +295,10 @@ for _cls in (StandardSAE, TopKSAE, BatchTopKSAE, JumpReLUSAE, GatedSAE, Transcod
 def sae_class(architecture: str) -> type:
     """The class registered for ``architecture``; an unknown name is refused with the known ones."""
     if architecture not in ARCHITECTURES:
-        raise ValueError(f"unknown SAE architecture {architecture!r}; known: {', '.join(sorted(ARCHITECTURES))}")
+        from ...suggest import did_you_mean
+
+        raise ValueError(f"unknown SAE architecture {architecture!r}{did_you_mean(architecture, ARCHITECTURES)}; "
+                         f"known: {', '.join(sorted(ARCHITECTURES))}")
     return ARCHITECTURES[architecture]
 
 

@@ -305,6 +305,16 @@ class SAE(HookedRootModule):
     def fold_extra(self, norms: Tensor) -> None:
         """Rescale architecture-specific per-feature parameters by ``norms`` (a JumpReLU threshold)."""
 
+    def __repr__(self) -> str:  # one line: the module tree is only hook points
+        from ..reprs import sae_repr
+
+        return sae_repr(self)
+
+    def _repr_html_(self) -> str:
+        from ..reprs import sae_html
+
+        return sae_html(self)
+
     def extra_repr(self) -> str:
         out = f" -> {self.cfg.hook_name_out}" if self.cfg.is_transcoder else ""
         return (f"{self.architecture}, d_in={self.cfg.d_in}, d_sae={self.cfg.d_sae}, "

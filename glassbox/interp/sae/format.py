@@ -236,9 +236,14 @@ SHIPPED_SAES_DIR = Path(__file__).resolve().parents[2] / "assets" / "saes"
 def shipped_folder(folder: Union[str, Path]) -> Path:
     """``folder``, or the shipped SAE of that name when ``folder`` does not exist and one is shipped."""
     path = Path(folder)
-    if not path.exists() and isinstance(folder, str) and path.name == folder \
-            and (SHIPPED_SAES_DIR / folder / CFG_FILENAME).is_file():
-        return SHIPPED_SAES_DIR / folder
+    if not path.exists() and isinstance(folder, str) and path.name == folder:
+        if (SHIPPED_SAES_DIR / folder / CFG_FILENAME).is_file():
+            return SHIPPED_SAES_DIR / folder
+        from ...suggest import did_you_mean
+
+        shipped = sorted(p.parent.name for p in SHIPPED_SAES_DIR.glob(f"*/{CFG_FILENAME}"))
+        raise FileNotFoundError(f"{folder!r}: no such SAE folder, nor an SAE shipped with glassbox (shipped: "
+                                f"{', '.join(shipped) or 'none'}){did_you_mean(folder, shipped)}")
     return path
 
 
@@ -286,6 +291,9 @@ def load_sae(folder: Union[str, Path], device: Union[str, torch.device, None] = 
             raise KeyError(f"{cfg_path}: {e.args[0]}") from None
         except ValueError as e:
             raise ValueError(f"{cfg_path}: {e}") from None
+    from ..reprs import saved_evals
+
+    sae.evals = saved_evals(folder)  # shown by the SAE's notebook view; None when the folder has none
     return sae
 
 
