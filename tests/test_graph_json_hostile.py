@@ -341,3 +341,71 @@ def test_from_json_refuses_python_non_finite_values(value):
     data["metadata"]["x"] = value
     with pytest.raises(ValueError, match="metadata.x"):
         Graph.from_json(data)
+
+
+# --- writing: through the crash-safe writer ----------------------------------------------------------
+def test_save_json_faulted_at_any_call_leaves_the_old_or_the_new_file(tmp_path):
+    from fs_faults import fail_at
+
+    old, new = Graph.load_json(V1_CIRCUIT), Graph.load_json(V1_GQA)
+    event, seen = 1, set()
+    while True:
+        path = tmp_path / str(event) / "graph.json"
+        path.parent.mkdir()
+        old.save_json(path)
+        (path.parent / "notes.txt").write_text("mine")
+        faulted, error = fail_at(event, lambda: new.save_json(path))
+        if not faulted:
+            assert error is None
+            break
+        assert isinstance(error, OSError) and str(path.name) in str(error), f"event {event}: {error!r}"
+        back = Graph.load_json(path)  # whole: the old graph or the new one, never a torn file
+        assert back.senders in (old.senders, new.senders), f"event {event}"
+        seen.add(back.senders == new.senders)
+        assert (path.parent / "notes.txt").read_text() == "mine"
+        assert sorted(p.name for p in path.parent.iterdir() if not p.name.startswith(".glassbox-tmp-")) == \
+            ["graph.json", "notes.txt"]
+        event += 1
+    assert event > 3 and False in seen, (event, seen)
+    assert Graph.load_json(path).senders == new.senders
+
+
+def test_save_json_refusals_leave_the_old_file(tmp_path):
+    path = tmp_path / "graph.json"
+    Graph.load_json(V1_CIRCUIT).save_json(path)
+    before = path.read_bytes()
+    bad = Graph.load_json(V1_GQA)
+    bad.metadata["tensor"] = torch.zeros(2)  # not JSON
+    with pytest.raises(TypeError):
+        bad.save_json(path)
+    with pytest.raises(IsADirectoryError, match=str(tmp_path)):
+        Graph.load_json(V1_CIRCUIT).save_json(tmp_path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["graph.json"]
+
+
+def test_save_json_on_a_full_disk_keeps_the_old_file(tmp_path):
+    """RLIMIT_FSIZE (writes past 3000 bytes fail with EFBIG, as a full disk fails with ENOSPC): the old
+    graph stays whole, and the error is an OSError naming the file."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "graph.json"
+    Graph.load_json(V1_CIRCUIT).save_json(path)
+    before = path.read_bytes()
+    assert len(before) > 3000 and V1_GQA.stat().st_size > 3000
+    script = f"""
+import resource, signal, sys
+from glassbox.interp.attribution.graph import Graph
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+graph = Graph.load_json({str(V1_GQA)!r})
+resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))
+try:
+    graph.save_json({str(path)!r})
+except OSError as error:
+    print("OSError", error.errno, error)
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.startswith("OSError 27") and "graph.json" in run.stdout, run.stdout  # EFBIG
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["graph.json"]

@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ...fs import write_text
 from . import graph_json
 from .edges import check_names, edge_mask_for, model_shape, nodes, receiver_node
 from .graph_json import JSON_FORMAT, JSON_VERSION
@@ -170,10 +171,11 @@ class Graph:
         return cls._from_checked(graph_json.check(data, model=model))
 
     def save_json(self, path) -> None:
-        """Write ``to_json()`` to ``path`` (strict JSON: no NaN or Infinity literals)."""
-        text = json.dumps(self.to_json(), allow_nan=False)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+        """Write ``to_json()`` to ``path`` (strict JSON: no NaN or Infinity literals) through the crash-safe
+        writer (``glassbox.fs``): a reader, or a save that fails or is killed, sees the old file or the new
+        one whole. Errors of the OS are OSErrors naming the file; nothing is written if ``to_json`` or
+        ``json.dumps`` refuses the graph."""
+        write_text(path, json.dumps(self.to_json(), allow_nan=False))
 
     @classmethod
     def load_json(cls, path, model=None) -> "Graph":
