@@ -120,11 +120,12 @@ def test_the_eap_ig_code_grid_finds_a_less_faithful_7_edge_circuit(setup):
     end out) rank m1 -> logits below input -> a0.h2.k, and its top 7 edges fall far short."""
     model, clean, corrupted, metric, ig, _ = setup
     assert ig.metadata["points"] == "paper"
-    code = eap(model, clean, corrupted, metric, method="EAP-IG-inputs", steps=5, points="eap-ig-code")
-    paper_f, code_f = (faithfulness_curve(model, g, clean, corrupted, metric, sizes=[7]).faithfulness[0].item()
-                       for g in (ig, code))
-    # measured 0.982 (paper) and 0.671 (eap-ig-code); bounds a third of the gap each way
-    assert paper_f > 0.88 and 0.57 < code_f < 0.78, (paper_f, code_f)
+    code, mid = (eap(model, clean, corrupted, metric, method="EAP-IG-inputs", steps=5, points=p)
+                 for p in ("eap-ig-code", "midpoint"))
+    paper_f, code_f, mid_f = (faithfulness_curve(model, g, clean, corrupted, metric, sizes=[7]).faithfulness[0].item()
+                              for g in (ig, code, mid))
+    # measured 0.982 (paper), 0.671 (eap-ig-code), 0.982 (midpoint); bounds a third of the gap each way
+    assert paper_f > 0.88 and 0.57 < code_f < 0.78 and mid_f > 0.88, (paper_f, code_f, mid_f)
     assert ("m1", "logits") not in {(s, r) for s, r, _ in code.edges()[:7]}
 
 
