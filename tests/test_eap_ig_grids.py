@@ -98,7 +98,8 @@ def hand_logits_column(setup, alpha_points, weights=None):
     weights = weights if weights is not None else [1 / len(alpha_points)] * len(alpha_points)
     resids = final_resids(model, clean, "blocks.0.hook_resid_pre", [e_corr + a * (e_clean - e_corr)
                                                                     for a in alpha_points])
-    g = sum(w * logits_gradient(model, r) for r, w in zip(resids, weights))
+    with torch.no_grad():  # the closed form reads parameters: no autograd graph wanted
+        g = sum(w * logits_gradient(model, r) for r, w in zip(resids, weights))
     a_clean, a_corr = sender_outputs(model, c_cache), sender_outputs(model, x_cache)
     return torch.tensor([float(((a_corr[s] - a_clean[s]) * g).sum()) for s in senders(CFG)], dtype=torch.float64)
 
