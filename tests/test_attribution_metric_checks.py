@@ -1,5 +1,5 @@
 """Every gradient method (AtP, AtP* with and without GradDrop, AtP over an SAE's features, EAP, EAP-IG
-over the inputs and over the activations) refuses a metric it cannot differentiate, naming the metric,
+over the inputs and over the activations), and the exact circuit evaluators beside them, refuse a metric it cannot differentiate, naming the metric,
 instead of returning NaN scores, all-zero scores or autograd's message; and refuses inputs of
 mismatched shapes by name. After each refusal the model has no hooks, no SAE left over from the run,
 and its flags as before.
@@ -12,7 +12,8 @@ on the same call runs, so each refusal is the metric's.
 import pytest
 import torch
 
-from glassbox.interp.attribution import attribution_patch, attribution_patch_star, eap
+from glassbox.interp.attribution import (attribution_patch, attribution_patch_star, eap, evaluate_circuit,
+                                         faithfulness_curve, prune_circuit)
 from glassbox.interp.patching import LogitDiff
 from glassbox.interp.sae.base import StandardSAE
 from glassbox.interp.sae.config import SAEConfig
@@ -158,3 +159,45 @@ def test_eap_mask_and_empty_batch_refused_by_name(model):
         eap(model, clean, corrupted, GOOD, attention_mask=torch.ones(N, SEQ - 1))
     with pytest.raises(ValueError, match="clean_tokens"):
         eap(model, clean[:0], corrupted[:0], GOOD)
+
+
+# --- the exact evaluators (no gradient, same metrics): a NaN or non-float metric is refused by name -----
+EXACT = {
+    "evaluate_circuit": lambda m, c, x, metric: evaluate_circuit(m, c, x, metric, eap(m, c, x, GOOD).top_k(5)),
+    "faithfulness_curve": lambda m, c, x, metric: faithfulness_curve(m, eap(m, c, x, GOOD), c, x, metric,
+                                                                     sizes=[0, 3, 10]),
+    "prune_circuit": lambda m, c, x, metric: prune_circuit(m, c, x, metric, threshold=0.05),
+}
+
+
+@pytest.mark.parametrize("method", list(EXACT))
+@pytest.mark.parametrize("metric, error, says", [(nan_metric, ValueError, "nan"), (one_nan_row, ValueError, "prompt 1"),
+                                                 (int_metric, TypeError, "int64"), (float_metric, TypeError, "float")],
+                         ids=["nan", "one_nan_row", "int", "float"])
+def test_exact_evaluators_refuse_a_bad_metric_by_name(model, method, metric, error, says):
+    with pytest.raises(error) as info:
+        EXACT[method](model, *tokens(), metric)
+    assert metric.__name__ in str(info.value) and says in str(info.value), str(info.value)
+    assert not model.has_hooks
+
+
+def test_atp_refuses_caches_holding_nan_by_hook_name(model):
+    clean, corrupted = tokens()
+    names = [f"blocks.{layer}.attn.hook_z" for layer in range(CFG.n_layers)]
+    with torch.no_grad():
+        _, c_cache = model.run_with_cache(clean, names_filter=names)
+        _, x_cache = model.run_with_cache(corrupted, names_filter=names)
+    bad = {n: v.clone() for n, v in c_cache.items()}
+    bad["blocks.1.attn.hook_z"][0, 2, 1, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"clean blocks\.1\.attn\.hook_z .*not finite"):
+        attribution_patch(model, clean, corrupted, GOOD, "z", ("layer", "head"), clean_cache=bad)
+    bad = {n: v.clone() for n, v in x_cache.items()}
+    bad["blocks.0.attn.hook_z"][1, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"corrupted cache blocks\.0\.attn\.hook_z"):
+        attribution_patch(model, clean, corrupted, GOOD, "z", ("layer", "head"), corrupted_cache=bad)
+    # the good caches give the estimate without them (measured 0: the same values)
+    with_caches = attribution_patch(model, clean, corrupted, GOOD, "z", ("layer", "head"), clean_cache=c_cache,
+                                    corrupted_cache=x_cache)
+    without = attribution_patch(model, clean, corrupted, GOOD, "z", ("layer", "head"))
+    assert torch.equal(with_caches.values, without.values)
+    assert not model.has_hooks

@@ -160,6 +160,10 @@ def check_clean_values(model, specs: list, clean: dict, corrupted: dict, n_promp
             if tuple(value.shape) != want:
                 raise ValueError(f"clean {name} has shape {tuple(value.shape)}; the corrupted run's is {want} (same "
                                  "prompts count and length, with the batch axis)")
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                raise ValueError(f"clean {name} holds {int((~torch.isfinite(value)).sum())} values that are not "
+                                 "finite (NaN or inf): every estimate from it would be NaN; check the clean cache or "
+                                 "the model")
 
 
 def check_corrupted_cache(corrupted_cache: Optional[Mapping], names: list, live: dict) -> None:
@@ -180,7 +184,7 @@ def check_corrupted_cache(corrupted_cache: Optional[Mapping], names: list, live:
         scale = float(value.abs().max()) if value.numel() else 0.0
         tol = (1e-3 if value.dtype in (torch.float16, torch.bfloat16) else 1e-5) * max(scale, 1.0)
         gap = float((cached - value).abs().max()) if value.numel() else 0.0
-        if gap > tol:
+        if not gap <= tol:  # NaN in either compares False: refused too
             raise ValueError(f"corrupted cache {name} differs from this corrupted run by up to {gap:.3g} (values up "
                              f"to {scale:.3g}): it is not a cache of corrupted_tokens on this model")
 

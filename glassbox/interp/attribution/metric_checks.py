@@ -75,5 +75,5 @@ def check_scores(metric, scores: Tensor, exists: Optional[Tensor], label) -> Non
         i = int(bad.reshape(-1).nonzero()[0])
         raise ValueError(f"the gradient of the metric {metric_name(metric)} is not finite: the score of {label(i)} is "
                          f"{float(scores.reshape(-1)[i])} ({int(bad.sum())} scores are NaN or inf) while the metric "
-                         "itself is finite (a metric whose derivative is infinite where it is evaluated, e.g. sqrt at "
-                         "0, or an overflow in a narrow dtype)")
+                         "itself and the activations are finite (a metric whose derivative is infinite where it is "
+                         "evaluated, e.g. sqrt at 0, or an overflow in a narrow dtype)")
