@@ -95,6 +95,23 @@ def fail_at(event: int, action, code: int = errno.EIO):
     return bool(hit), error
 
 
+def raise_at(event: int, action, exc, after: bool = False) -> bool:
+    """Run ``action`` with ``exc`` (a BaseException class, standing for the process dying) raised just before
+    or just after its ``event``-th file-system call. True if it was raised (and reached here)."""
+    def fault(before, name, args):
+        if before != after:
+            raise exc(f"at {name}")
+
+    patched = _Patched(_Counter(event, fault))
+    try:
+        action()
+    except exc:
+        return True
+    finally:
+        patched.undo()
+    return False
+
+
 def kill_at(event: int, action, after: bool = False) -> bool:
     """Run ``action`` in a forked child that dies at its ``event``-th file-system call (before it, or
     after it returns). True if it died there; False if the action finished first."""

@@ -226,17 +226,17 @@ def train_killed(root: Path, out: Path, patch: str) -> None:
 
 
 def test_killed_between_the_checkpoint_renames_resumes_to_the_uninterrupted_run(root, tmp_path):
-    # Kill the process (SIGKILL, no clean-up) right after the last save renamed checkpoint/ aside:
-    # the moment at which the earlier save left no checkpoint/ at all.
+    # Kill the process (SIGKILL, no clean-up) in the middle of a checkpoint's renames: its journal is in
+    # place, the new weights renamed in, the new trainer state not yet (a mix, until recovered).
     out = tmp_path / "killed"
     train_killed(root, out, (
-        "real = os.rename\n"
-        "def rename(src, dst, *a, **k):\n"
+        "real = os.replace\n"
+        "def replace(src, dst, *a, **k):\n"
         "    real(src, dst, *a, **k)\n"
-        "    if str(dst).endswith('checkpoint.old') and os.path.exists(str(src) + '.new'):\n"
+        "    if str(dst).endswith(os.sep + 'checkpoint' + os.sep + 'model.safetensors'):\n"
         "        os.kill(os.getpid(), signal.SIGKILL)\n"
-        "os.rename = rename\n"))
-    assert not (out / "checkpoint").exists() and (out / "checkpoint.old").is_dir()
+        "os.replace = replace\n"))
+    assert (out / "checkpoint" / ".glassbox-journal.json").is_file()
     resumed = glassbox("--text", root / "text.txt", "--out", out, "--resume", "--no-progress")
     assert resumed.returncode == 0, resumed.stderr
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint"]

@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from ..fs import write_text
 from ..models import HookedTransformer
 from ..weights.pretrained import (DEFAULT_MODEL, HUB_MODELS, SHIPPED_DIR, from_pretrained, hub_cache_dir, hub_offline,
                                   is_hub_repo_id, resolve, shipped_models)
@@ -173,5 +174,4 @@ def make_folder(path: Path, out: str) -> None:
 
 def write_output(path: Path, out: str, text: str) -> None:
     with user_errors(OSError, prefix=f"--out {out!r}: cannot write it: "):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        write_text(path, text)  # written whole (glassbox.fs): a failure leaves the old file

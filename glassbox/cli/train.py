@@ -252,17 +252,19 @@ def _start_folder(out: Path, settings: dict, text: str, tokenizer_dir: str, over
 
 
 def _new_trainer(args, out: Path, s: dict, model_cfg, config, tokenizer, train_stream, heldout_stream):
+    from ..fs import open_log
     from ..train import Trainer, init_model
     from ..train.rundir import CHECKPOINT, LOG
 
     cfg = dataclasses.replace(model_cfg, d_vocab=len(tokenizer))
     model = init_model(cfg, s["seed"], tokenizer=tokenizer, device=args.device)
-    log_file = open(out / LOG, "w")
+    log_file = open_log(out / LOG, fresh=True)
     return Trainer(model, train_stream, heldout_stream, tokenizer.eos_token_id, config,
                    checkpoint_dir=out / CHECKPOINT, log=_logger(log_file), progress=not args.no_progress)
 
 
 def _resume(args, out: Path, given: dict, settings: dict, text: str) -> tuple:
+    from ..fs import open_log
     from ..train import CheckpointError, Trainer, encode_text, load_tokenizer
     from ..train.rundir import CHECKPOINT, LOG, checkpoint_step, recorded_settings, text_digest, trim_log
 
@@ -291,7 +293,7 @@ def _resume(args, out: Path, given: dict, settings: dict, text: str) -> tuple:
         trainer = Trainer.resume(out / CHECKPOINT, train_stream, heldout_stream, tokenizer.eos_token_id,
                                  tokenizer=tokenizer, device=args.device, progress=not args.no_progress)
     trim_log(out / LOG, trainer.step)
-    trainer.log = _logger(open(out / LOG, "a"))
+    trainer.log = _logger(open_log(out / LOG))
     print(f"resuming at step {trainer.step} of {trainer.config.steps}")
     return trainer, tokenizer, train_stream
 

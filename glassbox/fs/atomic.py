@@ -4,7 +4,8 @@
 ``.glassbox-tmp-<token>-NAME`` (in the same folder, so the rename cannot cross file systems),
 flushes it to disk (fsync), renames it over ``path`` (``os.replace``, atomic on POSIX and Windows)
 and flushes the folder's entry. ``write_bytes``, ``write_text``, ``save_torch`` and
-``save_safetensors`` are ``write_file`` with a ready-made ``fill``; ``append_text`` is for logs.
+``save_safetensors`` are ``write_file`` with a ready-made ``fill``; ``append_text`` and ``open_log`` are
+for logs.
 
 Contract and footguns:
 - ``path`` that is an existing folder is refused (IsADirectoryError naming it); a symlink is
@@ -230,5 +231,17 @@ def append_text(path: PathLike, text: str, encoding: str = "utf-8") -> None:
         with open(path, "a", encoding=encoding) as handle:
             handle.write(text)
             handle.flush()
+    except OSError as error:
+        raise as_os_error(error, path) from error
+
+
+def open_log(path: PathLike, fresh: bool = False, encoding: str = "utf-8"):
+    """A text file handle appending to the log ``path`` (the caller flushes and closes it); ``fresh``
+    first replaces the log by an empty one (whole). Not atomic: see the module docstring."""
+    path = target_path(path, "append to")
+    if fresh:
+        write_bytes(path, b"")
+    try:
+        return open(path, "a", encoding=encoding)
     except OSError as error:
         raise as_os_error(error, path) from error

@@ -183,6 +183,22 @@ def _keep_mode(target: Path, tmp: Path) -> None:
         os.chmod(tmp, os.stat(target).st_mode & 0o7777)
 
 
+def remove_entries(folder: PathLike, names: Iterable[str]) -> None:
+    """Delete the entries ``names`` of ``folder`` (files, or folders with all they hold), one at a time;
+    missing ones are skipped. Only for names the caller knows glassbox wrote there (a run folder's own
+    files, checked first): this is how a writer deletes "only files it wrote itself"."""
+    folder = folder_path(folder, "remove files from")
+    for name in names:
+        if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+            raise ValueError(f"remove_entries takes plain names, got {name!r}")
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.unlink(path)
+    fsync_dir(folder)
+
+
 class FolderWriter:
     """A transaction over the glassbox-owned files of ``folder`` (module docstring). ``owner`` names what
     the folder holds ("model", "sae", "checkpoint"...); ``adopt``: the names a folder without a record

@@ -24,6 +24,7 @@ from typing import Optional
 
 import torch
 
+from ..fs import write_text
 from ..models import HookedTransformer
 from ..weights.parity import parity_report
 from .heads import detect_head, induction_score
@@ -257,9 +258,7 @@ def build_report(model: HookedTransformer, prompt: str, answer: str, distractor:
                                                     out_dir, feature_text)
         captions["features"] = caption
         sections.append(("features", caption, figure))
-    page = out_dir / "index.html"
-    page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(page_html(sections, f"glassbox report: {model.cfg.model_name}"), encoding="utf-8")
+    page = write_text(out_dir / "index.html", page_html(sections, f"glassbox report: {model.cfg.model_name}"))
     summary = {
         "model": {"name": model.cfg.model_name, "n_layers": model.cfg.n_layers, "d_model": model.cfg.d_model,
                   "n_heads": model.cfg.n_heads, "d_vocab": model.cfg.d_vocab,
@@ -279,5 +278,5 @@ def build_report(model: HookedTransformer, prompt: str, answer: str, distractor:
         "captions": captions,
         "report": str(page), "seconds": round(time.perf_counter() - start, 2),
     }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_text(out_dir / "summary.json", json.dumps(summary, indent=2))
     return summary

@@ -6,30 +6,30 @@ A checkpoint is a folder:
 - ``trainer_state.pt``: step, optimizer state, data-generator state, loss history and the training
   config, only plain tensors and containers, so ``torch.load(weights_only=True)`` reads it.
 
-Saving is crash-safe at every instant. The files are written and flushed to disk in
-``NAME.tmp``, which is then renamed ``NAME.new`` (so a ``.new`` folder is always complete); the
-old ``NAME`` is renamed ``NAME.old``, ``NAME.new`` renamed ``NAME``, and ``NAME.old`` deleted.
-A process killed anywhere in between leaves leftovers that ``recover_checkpoint`` (called by
-``load_checkpoint`` and ``save_checkpoint``) resolves: a ``.new`` folder finishes the swap, else a
-lone ``.old`` folder is put back (as left by older glassbox versions, which had no ``.new``
-step), and ``.tmp``/``.old`` leftovers are removed. Each of its own
-steps is one of the swap's, so recovery may be killed too.
+Saving goes through ``glassbox.fs.FolderWriter`` (owner "checkpoint"): the three files are written
+under temporary names in the folder, flushed, and renamed into place after a journal, so a process
+killed at any instant leaves the old checkpoint or the new one once ``recover_checkpoint`` (called
+by ``load_checkpoint`` and ``save_checkpoint``) has finished or undone the commit; recovery may be
+killed too. Other files in the folder are kept. The leftovers of earlier versions' folder swaps
+(``NAME.new``, ``NAME.old``, ``NAME.tmp``) are resolved too (``glassbox.fs.legacy``). A full disk is an
+``OSError`` naming the file (never torch's ``[enforce fail ...]``).
 
 A damaged checkpoint (a truncated or foreign file, a pickle that would need to run code) raises
 ``CheckpointError`` naming the file; nothing in it is ever executed.
 """
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Union
 
 import torch
 
+from ..fs import FolderWriter, recover
+from ..fs.legacy import recover_checkpoint_siblings
 from ..models import Config
 
 MODEL_FILE, CONFIG_FILE, STATE_FILE = "model.safetensors", "config.json", "trainer_state.pt"
+OWNER = "checkpoint"
 STATE_KEYS = ("step", "optimizer", "data_rng", "history", "train_config")
 
 
@@ -37,61 +37,23 @@ class CheckpointError(ValueError):
     """A checkpoint folder that is missing, incomplete or damaged; the message names the file."""
 
 
-def _sibling(folder: Path, suffix: str) -> Path:
-    return folder.with_name(folder.name + suffix)
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file (or, on POSIX, a folder's entries) to disk, so a power cut keeps the order."""
-    if path.is_dir() and os.name == "nt":
-        return  # Windows cannot open a folder; its renames are journaled by NTFS
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def recover_checkpoint(folder: Union[str, Path]) -> bool:
-    """Finish or undo a save that was interrupted; True if ``folder`` then holds a checkpoint."""
+    """Finish or undo a save that was interrupted; True if ``folder`` then holds a checkpoint's files."""
     folder = Path(folder)
-    new, old, tmp = _sibling(folder, ".new"), _sibling(folder, ".old"), _sibling(folder, ".tmp")
-    if new.is_dir():  # complete: finish its swap
-        if folder.is_dir():
-            if old.exists():
-                shutil.rmtree(old)
-            os.rename(folder, old)
-        os.rename(new, folder)
-        _fsync(folder.parent)
-    elif old.is_dir() and not folder.exists():
-        # Only an older glassbox (which renamed NAME.tmp straight to NAME) leaves this: its NAME.tmp
-        # may be incomplete, the old checkpoint is not.
-        os.rename(old, folder)
-        _fsync(folder.parent)
-    for leftover in (old, tmp):
-        if leftover.exists():
-            shutil.rmtree(leftover)
-    return folder.is_dir()
+    recover_checkpoint_siblings(folder)
+    recover(folder)
+    return folder.is_dir() and any((folder / name).exists() for name in (MODEL_FILE, CONFIG_FILE, STATE_FILE))
 
 
 def save_checkpoint(folder: Union[str, Path], model, trainer_state: dict) -> Path:
-    from safetensors.torch import save_file
-
     folder = Path(folder)
-    recover_checkpoint(folder)
-    tmp, new = _sibling(folder, ".tmp"), _sibling(folder, ".new")
-    tmp.mkdir(parents=True)
+    recover_checkpoint_siblings(folder)
     # safetensors needs contiguous tensors; W_Q/W_K/W_V are stored strided (see models/attention.py).
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(tmp / MODEL_FILE))
-    (tmp / CONFIG_FILE).write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
-    torch.save(trainer_state, tmp / STATE_FILE)
-    for name in (MODEL_FILE, CONFIG_FILE, STATE_FILE):
-        _fsync(tmp / name)
-    _fsync(tmp)
-    os.rename(tmp, new)  # from here on the new checkpoint wins (see recover_checkpoint)
-    _fsync(folder.parent)
-    recover_checkpoint(folder)
+    with FolderWriter(folder, OWNER, adopt=(MODEL_FILE, CONFIG_FILE, STATE_FILE)) as writer:
+        writer.save_safetensors(MODEL_FILE, state)
+        writer.write_text(CONFIG_FILE, json.dumps(model.cfg.to_dict(), indent=2) + "\n")
+        writer.save_torch(STATE_FILE, trainer_state)
     return folder
 
 

@@ -5,18 +5,17 @@ tokenizer, ``checkpoint/`` (and the leftovers of an interrupted save, see ``chec
 the summary and ``train_settings.json``: the run's settings and the SHA-256 of its text, written
 before anything else, so that ``--resume`` can refuse other settings or another text.
 
-``clear_run`` deletes only those files; a folder holding anything else is never cleared. Files are
-replaced whole (written beside, then ``os.replace``), so a killed process leaves the old or the
-new file, not a mix.
+``clear_run`` deletes only those files (and glassbox's record and leftovers); a folder holding
+anything else is never cleared. Files are replaced whole (``glassbox.fs``), so a killed process
+leaves the old or the new file, not a mix.
 """
 
 import hashlib
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Optional, Union
 
+from ..fs import JOURNAL, RECORD, TMP_PREFIX, remove_entries, write_bytes, write_text
 from .checkpoint import CheckpointError, load_checkpoint, recover_checkpoint
 
 CHECKPOINT, LOG, SUMMARY, SETTINGS = "checkpoint", "train_log.jsonl", "train_summary.json", "train_settings.json"
@@ -24,7 +23,7 @@ TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
 RUN_FILES = frozenset({
     CHECKPOINT, *(CHECKPOINT + suffix for suffix in (".tmp", ".new", ".old")), LOG, SUMMARY, SETTINGS,
     *TOKENIZER_FILES, "tokenizer.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
-    "config.json", "generation_config.json", "model.safetensors"})
+    "config.json", "generation_config.json", "model.safetensors", RECORD, JOURNAL})
 # The settings a run's checkpoint records, for runs written before train_settings.json existed.
 TRAIN_FIELDS = ("steps", "batch_size", "lr", "warmup_steps", "weight_decay", "grad_clip", "eval_every",
                 "checkpoint_every", "seed", "repeat_frac", "random_repeat_frac", "min_repeat", "max_copies")
@@ -37,15 +36,14 @@ def text_digest(text: str) -> str:
 
 
 def write_atomic(path: Path, data: str) -> None:
-    """Replace ``path`` whole: a killed process leaves the old file or the new one."""
-    tmp = path.with_name(path.name + ".writing")
-    tmp.write_text(data, encoding="utf-8")
-    os.replace(tmp, path)
+    """Replace ``path`` whole: a killed process leaves the old file or the new one (``glassbox.fs``)."""
+    write_text(path, data)
 
 
 def foreign_files(folder: Path) -> list:
     """The names in ``folder`` that no training run writes (sorted)."""
-    return sorted(p.name for p in folder.iterdir() if p.name not in RUN_FILES and not p.name.endswith(".writing"))
+    return sorted(p.name for p in folder.iterdir() if p.name not in RUN_FILES and not p.name.endswith(".writing")
+                  and not p.name.startswith(TMP_PREFIX))
 
 
 def clear_run(folder: Path) -> None:
@@ -53,11 +51,7 @@ def clear_run(folder: Path) -> None:
     others = foreign_files(folder)
     if others:
         raise ValueError(f"{folder} holds files a training run does not write: {', '.join(others[:3])}")
-    for path in folder.iterdir():
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+    remove_entries(folder, sorted(p.name for p in folder.iterdir()))
 
 
 def write_settings(folder: Path, settings: dict, text: str) -> None:
@@ -112,6 +106,4 @@ def trim_log(path: Path, step: int) -> None:
 def install_files(source: Union[str, Path], folder: Path, names) -> None:
     """Copy ``names`` from ``source`` into ``folder``, each replaced whole."""
     for name in names:
-        tmp = folder / (name + ".writing")
-        shutil.copyfile(Path(source) / name, tmp)
-        os.replace(tmp, folder / name)
+        write_bytes(folder / name, (Path(source) / name).read_bytes())

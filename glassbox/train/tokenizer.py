@@ -12,8 +12,11 @@ Footguns:
 """
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Union
+
+from ..fs import write_bytes, write_text
 
 EOT = "<|endoftext|>"
 VOCAB_FILE, MERGES_FILE, CONFIG_FILE = "vocab.json", "merges.txt", "tokenizer_config.json"
@@ -31,12 +34,15 @@ def train_bpe_tokenizer(text: str, vocab_size: int, folder: Union[str, Path], mi
     bpe.train_from_iterator(training_chunks(text), vocab_size=vocab_size, min_frequency=min_frequency,
                             special_tokens=[EOT], show_progress=False)
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    bpe.save_model(str(folder))
-    _move_eot_last(folder / VOCAB_FILE)
+    with tempfile.TemporaryDirectory() as scratch:  # the trainer writes its files itself: made beside, then copied
+        bpe.save_model(scratch)
+        vocab = _eot_last(Path(scratch) / VOCAB_FILE)
+        merges = (Path(scratch) / MERGES_FILE).read_bytes()
     config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": 1024, "add_prefix_space": False,
               "bos_token": EOT, "eos_token": EOT, "unk_token": EOT}
-    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    write_text(folder / VOCAB_FILE, vocab)  # each file written whole (glassbox.fs); other files kept
+    write_bytes(folder / MERGES_FILE, merges)
+    write_text(folder / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
     return load_tokenizer(folder)
 
 
@@ -114,11 +120,11 @@ def _lone_break_after(text: str, start: int) -> int:
     return cut
 
 
-def _move_eot_last(path: Path) -> None:
+def _eot_last(path: Path) -> str:
     vocab = json.loads(path.read_text(encoding="utf-8"))
     # The trainer gives special tokens the first ids; shift every other token down by one.
     if vocab.pop(EOT, None) != 0:
         raise ValueError(f"expected {EOT} at id 0 in {path} as the tokenizers trainer writes it")
     fixed = {token: i for i, (token, _) in enumerate(sorted(vocab.items(), key=lambda item: item[1]))}
     fixed[EOT] = len(fixed)
-    path.write_text(json.dumps(fixed, ensure_ascii=False), encoding="utf-8")
+    return json.dumps(fixed, ensure_ascii=False)

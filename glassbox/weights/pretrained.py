@@ -19,7 +19,8 @@ A folder is checked before the model is built: config.json's fields (``checks.py
 config against the weights' header (layer count, embedding sizes), then every tensor's shape. A
 tokenizer with more tokens than the model's vocabulary is refused (one with fewer is fine: some
 vocabularies are padded); a damaged tokenizer file is an error naming the folder. A folder that an
-interrupted ``save_pretrained`` left renamed aside is put back first (``export.recover``).
+interrupted ``save_pretrained`` left is finished first, and one an earlier version left renamed aside is
+put back (``export.recover``), so a load never sees two models mixed.
 Exporting (``to_hf``, ``save_pretrained``) lives in ``export.py``.
 """
 
@@ -83,7 +84,7 @@ def resolve(name_or_path: Union[str, Path], files=None) -> Path:
     snapshot of a Hugging Face repo id (cached, else fetched: ``files`` are the file patterns fetched,
     by default the config, weights and tokenizer)."""
     path = Path(name_or_path).expanduser()
-    if path.is_dir() or (not path.exists() and recover(path)):
+    if (path.is_dir() or not path.exists()) and recover(path):  # an interrupted save finished first
         return path
     name = str(name_or_path)
     if (SHIPPED_DIR / name).is_dir():

@@ -25,7 +25,6 @@ Contract and footguns:
 """
 
 import html
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from ...fs import write_text
 from .common import escape, go
 from .html import PAGE, plotly_js
 
@@ -387,9 +387,5 @@ def dashboard_page(model, sae, data: DashboardData, ranked: bool = True, path: O
             f'{to_div(logits_figure(s), f"feature-{s.feature}-logits")}</div>\n</section>')
     page = PAGE.format(title=html.escape(title), plotly=plotly_js(), body="\n".join(parts))
     if path is not None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".writing")  # whole or not at all: a killed write leaves no half page
-        tmp.write_text(page, encoding="utf-8")
-        os.replace(tmp, path)
+        write_text(path, page)  # whole or not at all (glassbox.fs): a killed write leaves no half page
     return page

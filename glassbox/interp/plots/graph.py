@@ -28,6 +28,7 @@ from typing import Mapping, Optional, Sequence, Union
 
 import torch
 
+from ...fs import write_text
 from ..attribution.edges import edge_mask_for, receiver_node, sender_position
 from .common import escape, go
 from .html import PAGE, plotly_js
@@ -255,7 +256,5 @@ def circuit_page(graph, path: Optional[Union[str, Path]] = None, title: str = "c
     page = PAGE.format(title=html.escape(title), plotly=plotly_js(),
                        body=BODY.format(caption=html.escape(text), **parts))
     if path is not None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(page, encoding="utf-8")
+        write_text(path, page)  # written whole (glassbox.fs)
     return page

@@ -17,6 +17,7 @@ from typing import Optional, Sequence, Union
 from jaxtyping import Float
 from torch import Tensor
 
+from ...fs import write_text
 from .attention import COLOURS, check_square, hover_text
 from .common import go, index_axis, to_list
 
@@ -57,10 +58,8 @@ def save_html(fig_or_figs, path: Union[str, Path], title: str = "glassbox") -> P
             raise TypeError(f"save_html takes plotly Figures, got {type(fig).__name__}")
     # include_mathjax=False and our own <script> keep the page free of any network reference.
     body = "\n".join(fig.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False) for fig in figs)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(PAGE.format(title=html.escape(title), plotly=plotly_js(), body=body), encoding="utf-8")
-    return path
+    # written whole (glassbox.fs): a failure or a kill leaves the old page, never half a page
+    return write_text(path, PAGE.format(title=html.escape(title), plotly=plotly_js(), body=body))
 
 
 VIEWER = """

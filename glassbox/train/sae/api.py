@@ -25,6 +25,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from ...fs import append_text
 from ..checkpoint import recover_checkpoint
 from ..data import encode_text
 from ..rundir import trim_log, write_atomic
@@ -136,8 +137,7 @@ def train_sae(model, text_or_tokens: Union[str, torch.Tensor], hook_name: str, d
                          "name a new or empty folder")
 
     def write_log(record: dict) -> None:
-        with open(out / LOG, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        append_text(out / LOG, json.dumps(record) + "\n")
         if log is not None:
             log(record)
 
