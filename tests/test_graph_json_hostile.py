@@ -409,3 +409,17 @@ except OSError as error:
     assert run.stdout.startswith("OSError 27") and "graph.json" in run.stdout, run.stdout  # EFBIG
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["graph.json"]
+
+
+def test_writing_refuses_what_reading_would_refuse(tmp_path):
+    """Metadata whose cfg disagrees with the names, or holding NaN: refused on writing, naming the key,
+    so that no file is written that the reader then refuses."""
+    graph = Graph.load_json(V1_CIRCUIT)
+    graph.metadata["cfg"]["n_heads"] = 3
+    with pytest.raises(ValueError, match=r"metadata\.cfg\.n_heads is 3"):
+        graph.save_json(tmp_path / "a.json")
+    graph = Graph.load_json(V1_CIRCUIT)
+    graph.metadata["faithfulness_by_size"] = {"3": float("nan")}
+    with pytest.raises(ValueError, match=r"metadata\.faithfulness_by_size\.3"):
+        graph.save_json(tmp_path / "b.json")
+    assert list(tmp_path.iterdir()) == []

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from ...fs import write_text
 from . import graph_json
-from .edges import check_names, edge_mask_for, model_shape, nodes, receiver_node
+from .edges import check_names, edge_mask_for, nodes, receiver_node
 from .graph_json import JSON_FORMAT, JSON_VERSION
 
 
@@ -144,7 +144,7 @@ class Graph:
     def to_json(self) -> dict:
         """A JSON-ready dict: format, version, senders, receivers, nodes, every existing edge (forward
         order) with its score (null for NaN) and, when a circuit is set, ``in_circuit``; metadata."""
-        model_shape(self.senders, self.receivers)  # the file must be one model's graph, as the reader demands
+        graph_json.check_writable(self.senders, self.receivers, self.metadata)  # what the reader would refuse
         scores = self.scores.cpu()
         if torch.isinf(scores).any():
             s, r = (int(i) for i in torch.isinf(scores).nonzero()[0])

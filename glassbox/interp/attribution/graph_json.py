@@ -180,6 +180,20 @@ def check(data, source: str = "graph JSON", model=None) -> dict:
     return {"senders": senders, "receivers": receivers, "scores": scores, "circuit": circuit, "metadata": metadata}
 
 
+def check_writable(senders: list, receivers: list, metadata: dict) -> None:
+    """Refuse, before anything is written, a graph the reader would refuse: names that are not one model's
+    complete lists, a metadata.cfg that disagrees with them, a non-finite number in the metadata."""
+    source = "Graph.to_json"
+    try:
+        shape = model_shape(senders, receivers)
+    except ValueError as error:
+        _fail(source, str(error))
+    found = _non_finite_in(metadata, "metadata")
+    if found:
+        _fail(source, f"{found[0]} is {found[1]}, which is not a finite number (JSON holds none)")
+    _check_metadata_shape(source, metadata, shape)
+
+
 def _check_nodes(source: str, given, expected: list) -> None:
     if given == expected:
         return
