@@ -25,7 +25,9 @@ names are not that model's (naming n_layers, n_heads, n_key_value_heads or attn_
 
 Scores are read as float32: a number with more digits than float32 holds (a hand edit such as
 0.1) is rounded to the nearest float32; every number glassbox writes is a float32 value, read back
-exactly. Files written before this strict reader (format 1, same keys) read unchanged.
+exactly. Files written before this strict reader (format 1, same keys) read unchanged: every graph
+file glassbox has written carries "version": 1 (since the first Graph), so a file without a version
+is not one of them and is refused like any missing key.
 """
 
 import json
