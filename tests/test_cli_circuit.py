@@ -199,3 +199,23 @@ def test_a_parallel_block_model_is_refused_naming_the_option(capsys, tmp_path, m
     line = assert_user_error(capsys, STORY + ["--model", folder, "--out", tmp_path / "o"], f"--model '{folder}'",
                              "parallel_attn_mlp")
     assert not (tmp_path / "o").exists(), line
+
+
+def test_points_chooses_the_eap_ig_grid_and_is_refused_for_eap(model, tmp_path, capsys):
+    from glassbox.cli import circuit
+    from glassbox.interp.attribution.eap import POINTS, eap
+    from glassbox.interp.patching import LogitDiff
+
+    assert circuit.POINTS == POINTS
+    code, out, err = run_cli(capsys, *STORY, "--steps", 2, "--points", "eap-ig-code", "--top-k", 3, "--no-progress",
+                             "--out", tmp_path / "code")
+    assert code == 0, err
+    graph = Graph.load_json(tmp_path / "code" / "graph.json")
+    assert graph.metadata["points"] == "eap-ig-code" and "eap-ig-code grid" in out
+    clean, corrupted = model.to_tokens(CLEAN), model.to_tokens(CORRUPTED)
+    metric = LogitDiff(model.to_single_token(" letter"), model.to_single_token(" garden"))
+    ref = eap(model, clean, corrupted, metric, method="EAP-IG-inputs", steps=2, points="eap-ig-code")
+    assert torch.equal(graph.scores.nan_to_num(), ref.scores.nan_to_num())  # the same call: bit-identical
+    assert_user_error(capsys, STORY + ["--method", "EAP", "--points", "midpoint", "--out", tmp_path / "e"],
+                      "--points midpoint is for EAP-IG")
+    assert_user_error(capsys, STORY + ["--points", "endpoint", "--out", tmp_path / "e"], "--points", "invalid choice")

@@ -194,23 +194,23 @@ def embeddings(model, clean, corrupted):
                 model.run_with_cache(corrupted)[1]["blocks.0.hook_resid_pre"])
 
 
-@pytest.mark.parametrize("points", ["endpoint", "midpoint"])
+@pytest.mark.parametrize("points", ["paper", "midpoint"])
 def test_eap_ig_inputs_equals_its_definition_by_hand(points):
     model = model_for(GQA, seed=4)
     clean, corrupted = tokens(2)
     m = 3
-    ts = [(k - 1) / m for k in range(1, m + 1)] if points == "endpoint" else [(k - 0.5) / m for k in range(1, m + 1)]
+    ts = [(k - 1) / m for k in range(1, m + 1)] if points == "paper" else [(k - 0.5) / m for k in range(1, m + 1)]
     assert interpolation_points(m, points) == pytest.approx(ts, abs=1e-15)
     graph = eap(model, clean, corrupted, METRIC, method="EAP-IG-inputs", steps=m, points=points)
     e_clean, e_corr = embeddings(model, clean, corrupted)
     grads = mean_of(receiver_gradients(
         model, clean, [[("blocks.0.hook_resid_pre", None, e_clean + t * (e_corr - e_clean))] for t in ts]))
     err = max_err(graph, hand_scores(model, clean, corrupted, lambda s: grads))
-    # measured 3.2e-8 endpoint, 1.5e-8 midpoint (relative to the largest score, 1.6 and 2.6), bound 3e-7: 10x
+    # measured 3.2e-8 paper, 1.5e-8 midpoint (relative to the largest score, 1.6 and 2.6), bound 3e-7: 10x
     assert err < 3e-7, err
     # two passes (2 + 1 copies), or three (a budget of 1 byte still runs one copy per pass)
     split = eap(model, clean, corrupted, METRIC, method="EAP-IG-inputs", steps=m, points=points,
-                **({"steps_per_pass": 2} if points == "endpoint" else {"memory_budget": 1}))
+                **({"steps_per_pass": 2} if points == "paper" else {"memory_budget": 1}))
     # measured 0 (float64 sums over another batch layout); bound 5e-7, a few float32 ulps of scores up to 2.6
     assert (split.scores - graph.scores).abs().nan_to_num().max() < 5e-7
 
@@ -239,7 +239,7 @@ def test_one_step_at_the_clean_end_is_eap():
     clean, corrupted = tokens()
     base = eap(model, clean, corrupted, METRIC)
     for method in ("EAP-IG-inputs", "EAP-IG-activations"):
-        one = eap(model, clean, corrupted, METRIC, method=method, steps=1, points="endpoint")
+        one = eap(model, clean, corrupted, METRIC, method=method, steps=1, points="paper")
         # measured 0 (the same gradient at the same point); bound 5e-7, a few float32 ulps of scores up to 1.4
         assert (one.scores - base.scores).abs().nan_to_num().max() < 5e-7
         assert torch.equal(torch.isnan(one.scores), torch.isnan(base.scores))
@@ -259,18 +259,18 @@ def exact_sender_patches(model, clean, corrupted):
 
 
 def test_ig_converges_and_is_complete():
-    """|score_m - score_2m| shrinks as m doubles (halving at the endpoint points, quartering at midpoints);
+    """|score_m - score_2m| shrinks as m doubles (halving at the paper points, quartering at midpoints);
     the input row of EAP-IG-inputs sums to M(corrupted) - M(clean), and each sender's row of
     EAP-IG-activations to that sender's exact patching effect, ever closer as m grows."""
     model = model_for(GPT2, seed=3, scale=0.1)
     clean, corrupted = tokens()
     with torch.no_grad():
         total = (METRIC(model(corrupted)).mean() - METRIC(model(clean)).mean()).item()
-    for points, low, high in (("endpoint", 0.4, 0.65), ("midpoint", 0.15, 0.32)):
+    for points, low, high in (("paper", 0.4, 0.65), ("midpoint", 0.15, 0.32)):
         graphs = {m: eap(model, clean, corrupted, METRIC, method="EAP-IG-inputs", steps=m, points=points)
                   for m in (16, 32, 64)}
         diffs = [(graphs[m].scores - graphs[2 * m].scores).abs().nan_to_num().max().item() for m in (16, 32)]
-        # measured: endpoint 0.105 then 0.054 (ratio 0.51, the 1/m of a one-sided rule); midpoint 4.8e-3
+        # measured: paper 0.105 then 0.054 (ratio 0.51, the 1/m of a one-sided rule); midpoint 4.8e-3
         # then 1.1e-3 (ratio 0.23, the 1/m^2 of the midpoint rule). The bands test the order of convergence of
         # a float64 quadrature (rounding ~1e-13 here), a property of the rule, not a float bound.
         assert low < diffs[1] / diffs[0] < high, (points, diffs)

@@ -12,7 +12,9 @@ Measured on 16 prompts (seed 0), the numbers the assertions below keep with head
 - metric: clean 4.91, corrupted -2.90.
 - EAP-IG (inputs, 5 steps): the smallest top-k circuit with faithfulness >= 0.9 has 7 edges
   (f = 0.982): input -> a0.h2.v, a0.h2 -> m0, m0 -> a1.h0.k, a0.h2 -> a1.h0.k, a1.h0 -> logits,
-  a1.h0 -> m1, m1 -> logits. MIB's sizes: CPR 0.923, CMD 0.076.
+  a1.h0 -> m1, m1 -> logits. MIB's sizes: CPR 0.923, CMD 0.076. On the EAP-IG code's grid
+  (points="eap-ig-code") the top 7 edges swap m1 -> logits for input -> a0.h2.k and reach f = 0.671
+  (8 edges reach 0.9; CPR 0.900, CMD 0.099); the midpoint grid gives 0.982 like the paper's.
 - The route to a1.h0's keys: mostly through MLP 0. Removing a0.h2 -> m0 (or m0 -> a1.h0.k) from
   that circuit drops f to 0.24; removing the direct K-composition edge a0.h2 -> a1.h0.k drops it
   to 0.73. Both routes carry the previous-token information; MLP 0's carries most.
@@ -111,6 +113,20 @@ def test_the_eap_ig_circuit_holds_both_heads_and_is_faithful_at_7_edges(setup):
     assert {("input", "a0.h2.v"), ("a0.h2", "m0"), ("m0", "a1.h0.k"), ("a1.h0", "logits")} <= chosen, chosen
     mib = faithfulness_curve(model, ig, clean, corrupted, metric)
     assert mib.cpr > 0.85 and mib.cmd < 0.15, (mib.cpr, mib.cmd)  # measured 0.923 and 0.076
+
+
+def test_the_eap_ig_code_grid_finds_a_less_faithful_7_edge_circuit(setup):
+    """The same 5 steps on the EAP-IG code's grid (alpha = k/m, k = 0..m-1: the corrupted end in, the clean
+    end out) rank m1 -> logits below input -> a0.h2.k, and its top 7 edges fall far short."""
+    model, clean, corrupted, metric, ig, _ = setup
+    assert ig.metadata["points"] == "paper"
+    code, mid = (eap(model, clean, corrupted, metric, method="EAP-IG-inputs", steps=5, points=p)
+                 for p in ("eap-ig-code", "midpoint"))
+    paper_f, code_f, mid_f = (faithfulness_curve(model, g, clean, corrupted, metric, sizes=[7]).faithfulness[0].item()
+                              for g in (ig, code, mid))
+    # measured 0.982 (paper), 0.671 (eap-ig-code), 0.982 (midpoint); bounds a third of the gap each way
+    assert paper_f > 0.88 and 0.57 < code_f < 0.78 and mid_f > 0.88, (paper_f, code_f, mid_f)
+    assert ("m1", "logits") not in {(s, r) for s, r, _ in code.edges()[:7]}
 
 
 def test_previous_token_information_reaches_the_induction_keys_mostly_through_mlp0(setup):

@@ -2,11 +2,13 @@
 
     glassbox circuit --clean "Elizabeth read the letter. Then Elizabeth read the" \\
         --corrupted "Elizabeth read the garden. Then Elizabeth read the" \\
-        --answer " letter" --distractor " garden" [--method EAP|EAP-IG --steps m --top-k K --out DIR]
+        --answer " letter" --distractor " garden" [--method EAP|EAP-IG --steps m --points GRID --top-k K
+        --out DIR]
 
 The metric is the logit difference answer - distractor at the last position. Every edge (input,
 heads, MLPs -> each head's q/k/v input, each MLP input, the logits) is scored by edge attribution
-patching (EAP; EAP-IG averages the gradient over ``--steps`` interpolation steps). Circuits of the
+patching (EAP; EAP-IG averages the gradient over ``--steps`` interpolation steps, on the grid
+``--points`` names: paper, the default, eap-ig-code or midpoint; see ``eap``). Circuits of the
 top k edges are then evaluated exactly, for a sweep of sizes k: the clean input runs and every edge
 outside the circuit carries its sender's corrupted value. Faithfulness is (m(circuit) -
 m(corrupted)) / (m(clean) - m(corrupted)): 1 when the circuit alone restores the clean prediction.
@@ -32,6 +34,7 @@ METHODS = {"EAP": "EAP", "EAP-IG": "EAP-IG-inputs", "EAP-IG-inputs": "EAP-IG-inp
            "EAP-IG-activations": "EAP-IG-activations"}  # --method -> eap()'s method
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 DEFAULT_STEPS = 5  # EAP-IG's interpolation steps when --steps is not given
+POINTS = ("paper", "eap-ig-code", "midpoint")  # eap's grids (eap.POINTS; not imported, so --help stays light)
 TARGET = 0.9       # the faithfulness the circuit chosen without --top-k must reach
 OUTPUTS = ("graph.json", "circuit.html")
 
@@ -56,6 +59,9 @@ def add_parser(sub) -> None:
                         "n_senders times the cost)")
     p.add_argument("--steps", type=positive_int, default=None,
                    help=f"EAP-IG's interpolation steps (default {DEFAULT_STEPS}); not for EAP")
+    p.add_argument("--points", choices=POINTS, default=None,
+                   help="EAP-IG's grid: paper (default; alpha = k/m, k = 1..m, from the corrupted input at 0 to the "
+                        "clean one), eap-ig-code (k = 0..m-1, the EAP-IG code's) or midpoint; not for EAP")
     p.add_argument("--top-k", type=positive_int, default=None,
                    help=f"edges in the circuit written (default: the smallest swept size with faithfulness >= "
                         f"{TARGET})")
@@ -92,6 +98,9 @@ def check_arguments(args, model) -> tuple:
     if args.method == "EAP" and args.steps not in (None, 1):
         raise UsageError(f"--steps {args.steps} is for EAP-IG (EAP takes one gradient); drop --steps or give "
                          "--method EAP-IG")
+    if args.method == "EAP" and args.points is not None:
+        raise UsageError(f"--points {args.points} is for EAP-IG (EAP takes one gradient, at the clean run); drop "
+                         "--points or give --method EAP-IG")
     clean = prompt_tokens(model, args.clean, flag="--clean")
     corrupted = prompt_tokens(model, args.corrupted, flag="--corrupted")
     if clean.shape != corrupted.shape:
@@ -131,7 +140,7 @@ def run(args) -> int:
         raise UsageError(f"--top-k {args.top_k} is more than this model's {n_edges} edges; give at most {n_edges}")
     steps = (args.steps or DEFAULT_STEPS) if args.method != "EAP" else 1
     found = find_circuit(model, args.model, clean, corrupted, answer, distractor, args.method, steps, args.top_k,
-                         progress=not args.no_progress)
+                         progress=not args.no_progress, points=args.points or "paper")
     found.graph.metadata.update(clean=args.clean, corrupted=args.corrupted)
     make_folder(out, args.out)
     write_outputs(found, out, args)
@@ -150,7 +159,7 @@ class Found:
 
 
 def find_circuit(model, name, clean, corrupted, answer: int, distractor: int, method: str, steps: int, top_k,
-                 progress: bool) -> Found:
+                 progress: bool, points: str = "paper") -> Found:
     """Score every edge, evaluate the top-k circuits exactly over ``sweep_sizes`` and MIB's fractions,
     and choose the circuit (``top_k``, or the smallest swept size reaching ``TARGET``)."""
     from ..interp.attribution.eap import eap
@@ -163,7 +172,7 @@ def find_circuit(model, name, clean, corrupted, answer: int, distractor: int, me
     with user_errors(ValueError, prefix=f"--model {name!r}: "):
         check_edge_model(model)
     graph = eap(model, clean, corrupted, metric, method=METHODS[method], steps=steps if method != "EAP" else None,
-                progress=progress)
+                progress=progress, points=points)
     clean_metric, corrupted_metric = graph.metadata["metric_clean"], graph.metadata["metric_corrupted"]
     if clean_metric == corrupted_metric:
         raise UsageError(f"the logit difference is {clean_metric:.6g} on both --clean and --corrupted; faithfulness "
@@ -206,7 +215,7 @@ def write_outputs(found: Found, out, args) -> None:
 def summary(found: Found, args, n_top: int = 10) -> str:
     graph, meta = found.graph, found.graph.metadata
     cfg = meta.get("cfg", {})
-    steps = f" ({meta['steps']} steps)" if meta.get("steps") else ""
+    steps = f" ({meta['steps']} steps, {meta['points']} grid)" if meta.get("steps") else ""
     lines = [f"model {meta.get('model')}: {cfg.get('n_layers')} layers x {cfg.get('n_heads')} heads; "
              f"{graph.n_edges:,} edges scored by {meta['method']}{steps}",
              f"logit difference {args.answer!r} - {args.distractor!r}: clean {found.sweep.full:.4f}, "

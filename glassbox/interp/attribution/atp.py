@@ -39,6 +39,7 @@ from ..patching.metrics import VariantMetric
 from ..patching.result import PatchResult
 from .atp_run import (check_clean_values, check_corrupted_cache, check_metric, check_names_exist, clean_activations,
                       corrupted_forward, flags_on, node_scores, prepare_tokens)
+from .metric_checks import check_scores
 from .nodes import NodeSpec, axis_labels, check_stackable, resolve_nodes
 
 METHODS = ("atp", "atp*")
@@ -132,6 +133,9 @@ class Run:
         return score.mean(0) if self.reduce == "mean" else score.movedim(0, -1)
 
     def result(self, base: Tensor, effects: list, combine: bool = True, suffix: str = "") -> PatchResult:
+        for spec, effect in zip(self.specs, effects):
+            check_scores(self.metric, effect, None, lambda i, spec=spec, shape=tuple(effect.shape):
+                         node_label(spec, shape, i))
         values = [self.combine(base, e) if combine else self.magnitudes(e) for e in effects]
         metric_name = getattr(self.metric, "name", getattr(self.metric, "__name__", ""))
         results = [self.labelled(spec, v, metric_name, suffix) for spec, v in zip(self.specs, values)]
@@ -150,6 +154,16 @@ class Run:
         axes = spec.axes + (() if self.reduce == "mean" or self.variant else ("batch",))
         labels = {a: axis_labels(self.model, a, n, self.tokens) for a, n in zip(spec.axes, values.shape)}
         return PatchResult(values, axes, labels, spec.activation + suffix, metric_name)
+
+
+def node_label(spec: NodeSpec, shape: tuple, flat_index: int) -> str:
+    """'z at (batch 0, layer 1, head 2)': one element of a per-prompt effect [batch *axes]."""
+    axes = ("batch",) + tuple(spec.axes)
+    index, rest = [], flat_index
+    for size in reversed(shape):
+        index.append(rest % size)
+        rest //= size
+    return f"{spec.activation} at ({', '.join(f'{a} {i}' for a, i in zip(axes, reversed(index)))})"
 
 
 def plan(model, clean_tokens, corrupted_tokens, metric, activation, axes, hook_axes, reduce, attention_mask) -> Run:

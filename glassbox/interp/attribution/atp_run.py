@@ -20,6 +20,7 @@ from torch import Tensor
 from ...models import devices
 from ..patching.metrics import PositionMetric, VariantMetric
 from ..patching.user_hooks import readout_hooked
+from .metric_checks import check_has_grad, check_reads_logits, check_values, metric_name
 from .nodes import NodeSpec, check_act, expected_shape
 
 
@@ -35,8 +36,11 @@ def prepare_tokens(model, clean_tokens, corrupted_tokens, attention_mask) -> tup
     if (clean_mask is None) != (key_mask is None) or (key_mask is not None and not torch.equal(clean_mask, key_mask)):
         raise ValueError("the clean and corrupted prompts are padded differently; give token ids of one length "
                          "with one attention_mask")
-    model.check_tokens(clean)
-    model.check_tokens(corrupted)
+    for what, tokens in (("clean tokens", clean), ("corrupted tokens", corrupted)):
+        try:
+            model.check_tokens(tokens)
+        except ValueError as error:
+            raise ValueError(f"{what}: {error}") from None
     return clean, corrupted, key_mask
 
 
@@ -120,24 +124,27 @@ def corrupted_forward(model, tokens: Tensor, key_mask: Optional[Tensor], metric,
             resid = model(tokens, attention_mask=key_mask, stop_at_layer=model.cfg.n_layers)
             rows = torch.arange(tokens.shape[0], device=tokens.device)
             read = resid[rows, metric.positions(tokens.shape[0], tokens.shape[1], tokens.device)][:, None]
-            values = metric.read(devices.unembed(model, read)[:, 0])
+            logits = devices.unembed(model, read)
+            values = metric.read(logits[:, 0])
         else:
-            values = metric(model(tokens, attention_mask=key_mask))
-    name = getattr(metric, "name", getattr(metric, "__name__", "metric"))
+            logits = model(tokens, attention_mask=key_mask)
+            values = metric(logits)
+    name = metric_name(metric)
+    where = "on the corrupted run"
+    check_values(metric, values, where, need_grad=False)
     if isinstance(metric, VariantMetric):
-        if not isinstance(values, Tensor) or values.numel() != 1:
-            raise ValueError(f"the metric {name} returned {values!r}; a VariantMetric returns one tensor value")
+        if values.numel() != 1:
+            raise ValueError(f"the metric {name} returned shape {tuple(values.shape)}; a VariantMetric returns one "
+                             "tensor value")
         values = values.reshape(())
         objective = values
     else:
-        if not isinstance(values, Tensor) or values.shape != (tokens.shape[0],):
-            got = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
-            raise ValueError(f"the metric {name} returned {got}; it must return one value per prompt "
+        if values.shape != (tokens.shape[0],):
+            raise ValueError(f"the metric {name} returned {tuple(values.shape)}; it must return one value per prompt "
                              f"[{tokens.shape[0]}] (or wrap a whole-batch metric in VariantMetric)")
         objective = values.sum()
-    if not objective.requires_grad:
-        raise ValueError(f"the metric {name} is not differentiable in the logits (no gradient reaches it); "
-                         "attribution patching needs a metric computed from the logits with torch operations")
+    check_has_grad(metric, objective, where)
+    check_reads_logits(metric, objective, logits, where)
     return values.detach(), objective, acts
 
 
@@ -153,6 +160,10 @@ def check_clean_values(model, specs: list, clean: dict, corrupted: dict, n_promp
             if tuple(value.shape) != want:
                 raise ValueError(f"clean {name} has shape {tuple(value.shape)}; the corrupted run's is {want} (same "
                                  "prompts count and length, with the batch axis)")
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                raise ValueError(f"clean {name} holds {int((~torch.isfinite(value)).sum())} values that are not "
+                                 "finite (NaN or inf): every estimate from it would be NaN; check the clean cache or "
+                                 "the model")
 
 
 def check_corrupted_cache(corrupted_cache: Optional[Mapping], names: list, live: dict) -> None:
@@ -173,7 +184,7 @@ def check_corrupted_cache(corrupted_cache: Optional[Mapping], names: list, live:
         scale = float(value.abs().max()) if value.numel() else 0.0
         tol = (1e-3 if value.dtype in (torch.float16, torch.bfloat16) else 1e-5) * max(scale, 1.0)
         gap = float((cached - value).abs().max()) if value.numel() else 0.0
-        if gap > tol:
+        if not gap <= tol:  # NaN in either compares False: refused too
             raise ValueError(f"corrupted cache {name} differs from this corrupted run by up to {gap:.3g} (values up "
                              f"to {scale:.3g}): it is not a cache of corrupted_tokens on this model")
 

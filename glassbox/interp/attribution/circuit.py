@@ -31,7 +31,8 @@ model), so a half-precision model's corrections are not rounded twice.
 Hooks and flags: the per-head input hooks need ``use_split_qkv_input``, ``use_hook_mlp_in`` and
 ``use_attn_result``; they are turned on for the call and restored, and every hook is removed, also
 when something raises. A model with hooks or splices already attached is refused: they could break
-the residual identity the evaluation relies on.
+the residual identity the evaluation relies on. A metric value that is NaN or inf on any circuit, or
+not a floating-point tensor, is refused naming the metric (``metric_checks``), never averaged in.
 """
 
 from typing import Callable, Optional, Union
@@ -43,6 +44,7 @@ from ...models import devices
 from ..patching.metrics import PositionMetric, VariantMetric
 from . import edges
 from .graph import Graph
+from .metric_checks import check_values, metric_name
 
 DEFAULT_MEMORY_BUDGET = 2**30
 FLAGS = ("use_attn_result", "use_split_qkv_input", "use_hook_mlp_in")
@@ -332,10 +334,14 @@ class CircuitRun:
         else:
             logits = devices.unembed(model, resid)
             if isinstance(metric, VariantMetric):
-                return metric.values(logits, P)[:, None]
+                values = metric.values(logits, P)
+                check_values(metric, values, "in an exact circuit evaluation", False,
+                             row_label=lambda i: f"circuit {i} of a pass")
+                return values[:, None]
             values = metric(logits)
-        if not isinstance(values, Tensor) or tuple(values.shape) != (V * P,):
-            got = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
-            raise ValueError(f"the metric returned {got} for {V * P} rows; it must return one value per row "
-                             f"[batch] (row r is prompt r % {P}), not a batch mean")
+        check_values(metric, values, "in an exact circuit evaluation", False,
+                     row_label=lambda i: f"prompt {i % P} of circuit {i // P} of a pass of {V}")
+        if tuple(values.shape) != (V * P,):
+            raise ValueError(f"the metric {metric_name(metric)} returned {tuple(values.shape)} for {V * P} rows; it "
+                             f"must return one value per row [batch] (row r is prompt r % {P}), not a batch mean")
         return values.view(V, P)

@@ -191,6 +191,52 @@ def nodes(sender_names: list, receiver_names: list) -> list:
     return out
 
 
+def model_shape(sender_names: list, receiver_names: list) -> dict:
+    """The model shape whose complete sender and receiver lists these are, in ``senders``/``receivers``
+    order: {"n_layers", "n_heads", "n_key_value_heads" (None where every head has its own key/value
+    input), "attn_only"}. ValueError naming the first name that does not fit any model."""
+    check_names(sender_names, receiver_names)
+    layers = [sender_position(n)[0] for n in sender_names if n != "input"]
+    n_layers = max(layers) + 1 if layers else 0
+    if n_layers == 0:
+        raise ValueError(f"senders {list(sender_names)!r} name no layer: a model has at least one")
+    n_heads = sum(1 for n in sender_names if n.startswith("a0.h"))
+    groups = {n for n in receiver_names if n.startswith("a0.kv")}
+    n_kv = len(groups) // 2 if groups else None
+    attn_only = not any(n.startswith("m") for n in sender_names)
+    shape = {"n_layers": n_layers, "n_heads": n_heads, "n_key_value_heads": n_kv, "attn_only": attn_only}
+    cfg = _Shape(n_layers, n_heads, n_kv or n_heads, attn_only)
+    for kind, given, expected in (("senders", sender_names, senders(cfg)), ("receivers", receiver_names,
+                                                                           receivers(cfg))):
+        if list(given) != expected:
+            i = next((i for i, (a, b) in enumerate(zip(given, expected)) if a != b), min(len(given), len(expected)))
+            got = repr(given[i]) if i < len(given) else "the end of the list"
+            want = repr(expected[i]) if i < len(expected) else "the end of the list"
+            raise ValueError(f"{kind} are not those of any model: {kind}[{i}] is {got} where a model of "
+                             f"{describe_shape(shape)} has {want} ({len(given)} names given, {len(expected)} expected)")
+    return shape
+
+
+def shape_of_config(cfg) -> dict:
+    """``model_shape``'s dict for a model config (n_key_value_heads None unless keys/values are grouped)."""
+    return {"n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
+            "n_key_value_heads": _n_kv_inputs(cfg) if kv_is_grouped(cfg) else None, "attn_only": not _has_mlp(cfg)}
+
+
+def describe_shape(shape: dict) -> str:
+    kv = f" over {shape['n_key_value_heads']} kv heads" if shape["n_key_value_heads"] else ""
+    return (f"n_layers={shape['n_layers']} x n_heads={shape['n_heads']}{kv}, "
+            + ("attention-only (attn_only=True)" if shape["attn_only"] else "with MLPs (attn_only=False)"))
+
+
+class _Shape:
+    """The config fields ``senders`` and ``receivers`` read."""
+
+    def __init__(self, n_layers: int, n_heads: int, n_key_value_heads: int, attn_only: bool):
+        self.n_layers, self.n_heads, self.n_key_value_heads, self.attn_only = n_layers, n_heads, n_key_value_heads, \
+            attn_only
+
+
 def check_names(sender_names: list, receiver_names: list) -> None:
     """Raise ValueError for a malformed or repeated name."""
     for kind, names, parse in (("sender", sender_names, sender_position), ("receiver", receiver_names,

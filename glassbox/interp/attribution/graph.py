@@ -14,8 +14,10 @@ Contracts and footguns:
   ("a1.h0.q" -> "a1.h0", "a1.kv0.k" -> "a1.kv0"). It does not prune nodes that do not reach the
   logits.
 - JSON: ``to_json`` gives a dict that ``json.dumps(..., allow_nan=False)`` accepts (a NaN score is
-  ``null``; an infinite score is refused); float32 scores round-trip exactly. ``metadata`` must be
-  JSON-serialisable for ``save_json``.
+  ``null``; an infinite score, and senders/receivers that are not one model's complete lists, are
+  refused); float32 scores round-trip exactly. ``metadata`` must be JSON-serialisable for
+  ``save_json``. Reading is strict (``graph_json.py`` states the format): a damaged, hand-edited or
+  incomplete file is refused, naming the file and the first bad entry, never read as another graph.
 """
 
 import copy
@@ -26,10 +28,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .edges import check_names, edge_exists, edge_mask_for, nodes, receiver_node
-
-JSON_FORMAT = "glassbox.graph"
-JSON_VERSION = 1
+from ...fs import write_text
+from . import graph_json
+from .edges import check_names, edge_mask_for, nodes, receiver_node
+from .graph_json import JSON_FORMAT, JSON_VERSION
 
 
 @dataclass
@@ -152,6 +154,7 @@ class Graph:
     def to_json(self) -> dict:
         """A JSON-ready dict: format, version, senders, receivers, nodes, every existing edge (forward
         order) with its score (null for NaN) and, when a circuit is set, ``in_circuit``; metadata."""
+        graph_json.check_writable(self.senders, self.receivers, self.metadata)  # what the reader would refuse
         scores = self.scores.cpu()
         if torch.isinf(scores).any():
             s, r = (int(i) for i in torch.isinf(scores).nonzero()[0])
@@ -172,51 +175,31 @@ class Graph:
                 "has_circuit": circuit is not None, "metadata": copy.deepcopy(self.metadata)}
 
     @classmethod
-    def from_json(cls, data: dict) -> "Graph":
-        """The graph ``to_json`` wrote (edges missing from the list are NaN; an edge listed twice, or a
-        pair that is not an edge, is refused)."""
-        if not isinstance(data, dict) or data.get("format") != JSON_FORMAT:
-            raise ValueError(f"not a glassbox graph: expected a dict with format {JSON_FORMAT!r}")
-        if data.get("version") != JSON_VERSION:
-            raise ValueError(f"glassbox graph version {data.get('version')!r} is not supported (this reads "
-                             f"{JSON_VERSION})")
-        senders, receivers = list(data["senders"]), list(data["receivers"])
-        check_names(senders, receivers)
-        s_index = {n: i for i, n in enumerate(senders)}
-        r_index = {n: i for i, n in enumerate(receivers)}
-        scores = [[float("nan")] * len(receivers) for _ in senders]
-        has_circuit = bool(data.get("has_circuit", False))
-        circuit = [[False] * len(receivers) for _ in senders] if has_circuit else None
-        seen = set()
-        for edge in data["edges"]:
-            pair = (edge["sender"], edge["receiver"])
-            if pair[0] not in s_index or pair[1] not in r_index:
-                raise ValueError(f"edge {pair[0]!r} -> {pair[1]!r} names a node not in senders/receivers")
-            if pair in seen:
-                raise ValueError(f"edge {pair[0]!r} -> {pair[1]!r} is listed twice")
-            seen.add(pair)
-            if not edge_exists(*pair):
-                raise ValueError(f"{pair[0]!r} -> {pair[1]!r} is not an edge (the sender is not upstream)")
-            s, r = s_index[pair[0]], r_index[pair[1]]
-            if edge["score"] is not None:
-                scores[s][r] = float(edge["score"])
-            if circuit is not None:
-                circuit[s][r] = bool(edge.get("in_circuit", False))
-        shape = (len(senders), len(receivers))
-        return cls(senders, receivers, torch.tensor(scores, dtype=torch.float32).reshape(shape),
-                   dict(data.get("metadata", {})),
-                   None if circuit is None else torch.tensor(circuit, dtype=torch.bool).reshape(shape))
+    def from_json(cls, data: dict, model=None) -> "Graph":
+        """The graph ``to_json`` wrote, validated strictly (``graph_json.py``); ``model`` (a model or its
+        Config), when given, must be the shape the names give."""
+        return cls._from_checked(graph_json.check(data, model=model))
 
     def save_json(self, path) -> None:
-        """Write ``to_json()`` to ``path`` (strict JSON: no NaN or Infinity literals)."""
-        text = json.dumps(self.to_json(), allow_nan=False)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+        """Write ``to_json()`` to ``path`` (strict JSON: no NaN or Infinity literals) through the crash-safe
+        writer (``glassbox.fs``): a reader, or a save that fails or is killed, sees the old file or the new
+        one whole. Errors of the OS are OSErrors naming the file; nothing is written if ``to_json`` or
+        ``json.dumps`` refuses the graph."""
+        write_text(path, json.dumps(self.to_json(), allow_nan=False))
 
     @classmethod
-    def load_json(cls, path) -> "Graph":
-        with open(path, encoding="utf-8") as f:
-            return cls.from_json(json.load(f))
+    def load_json(cls, path, model=None) -> "Graph":
+        """The graph in the file at ``path``; errors name the file and the first bad entry. With ``model``
+        (a model or its Config) a graph for a model of another shape is refused."""
+        return cls._from_checked(graph_json.load(path, model))
+
+    @classmethod
+    def _from_checked(cls, parts: dict) -> "Graph":
+        shape = (len(parts["senders"]), len(parts["receivers"]))
+        circuit = parts["circuit"]
+        return cls(parts["senders"], parts["receivers"],
+                   torch.tensor(parts["scores"], dtype=torch.float32).reshape(shape), dict(parts["metadata"]),
+                   None if circuit is None else torch.tensor(circuit, dtype=torch.bool).reshape(shape))
 
     @staticmethod
     def _index(names: list, name: str, kind: str) -> int:
