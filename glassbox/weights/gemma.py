@@ -292,4 +292,6 @@ FAMILIES = [
         ("gemma", "GemmaConfig", "GemmaForCausalLM"), ("gemma2", "Gemma2Config", "Gemma2ForCausalLM"),
         ("gemma3_text", "Gemma3TextConfig", "Gemma3ForCausalLM"))
 ] + [Architecture("gemma3", "Gemma3Config", "Gemma3ForConditionalGeneration", config_from_gemma3_multimodal,
-                  gemma3_multimodal_to_glassbox, config_to_gemma3_multimodal, glassbox_to_gemma)]
+                  gemma3_multimodal_to_glassbox, config_to_gemma3_multimodal, glassbox_to_gemma,
+                  tied_names=(tuple(prefix + "embed_tokens.weight" for prefix in MULTIMODAL_TEXT),
+                              ("lm_head.weight", "language_model.lm_head.weight")))]

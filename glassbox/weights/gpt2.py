@@ -189,4 +189,5 @@ def glassbox_to_hf(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
 
 
 FAMILIES = [Architecture("gpt2", "GPT2Config", "GPT2LMHeadModel", config_from_hf, hf_to_glassbox, config_to_hf, glassbox_to_hf,
-                         CONFIG_FIELDS["gpt2"], WEIGHT_LAYOUT["gpt2"])]
+                         CONFIG_FIELDS["gpt2"], WEIGHT_LAYOUT["gpt2"],
+                         tied_names=(("transformer.wte.weight", "wte.weight"), ("lm_head.weight",)))]

@@ -134,4 +134,5 @@ def glassbox_to_gptj(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
 
 
 FAMILIES = [Architecture("gptj", "GPTJConfig", "GPTJForCausalLM", config_from_gptj, gptj_to_glassbox, config_to_gptj, glassbox_to_gptj,
-                         CONFIG_FIELDS["gptj"], WEIGHT_LAYOUT["gptj"])]
+                         CONFIG_FIELDS["gptj"], WEIGHT_LAYOUT["gptj"],
+                         tied_names=(("transformer.wte.weight",), ("lm_head.weight",)))]

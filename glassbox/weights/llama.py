@@ -20,7 +20,8 @@ What is mapped (HF -> Config):
   up and down) -> mlp_bias. Mistral has neither (its projections never have biases, whatever its
   config says).
 - hidden_act: any activation glassbox computes under that name (models/activations).
-- tie_word_embeddings -> tied_unembed (no lm_head.weight then).
+- tie_word_embeddings -> tied_unembed, unless the checkpoint's lm_head.weight differs from the embedding
+  (transformers then keeps both: ``family.resolve_tying``).
 - Mistral's sliding_window: None, or every layer local with window_size = sliding_window (keys less
   than sliding_window positions back, the query's own included), in a forward pass and in cached
   generation alike, as MistralForCausalLM does. LlamaForCausalLM ignores sliding_window in a forward

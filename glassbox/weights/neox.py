@@ -221,4 +221,5 @@ def glassbox_to_neox(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
 
 
 FAMILIES = [Architecture("gpt_neox", "GPTNeoXConfig", "GPTNeoXForCausalLM", config_from_neox, neox_to_glassbox,
-                         config_to_neox, glassbox_to_neox, NEOX_CONFIG_FIELDS, NEOX_WEIGHT_LAYOUT)]
+                         config_to_neox, glassbox_to_neox, NEOX_CONFIG_FIELDS, NEOX_WEIGHT_LAYOUT,
+                         tied_names=(("gpt_neox.embed_in.weight",), ("lm_head.weight", "embed_out.weight")))]

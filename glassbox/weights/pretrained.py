@@ -34,6 +34,7 @@ from ..models.devices import requested_map
 from .architectures import ARCHITECTURES, architecture_of_type
 from .checks import check_against_weights, check_config_fields
 from .export import recover, save_pretrained, to_hf
+from .family import resolve_tying
 from .files import PYTORCH_BIN, read_config, read_state_dict, stored_dtype, weight_shapes, weights_file
 from .gpt2 import config_from_hf
 from .processing import ALL_STEPS, process
@@ -313,7 +314,9 @@ def load_folder(folder: Path, device=None, dtype: Union[torch.dtype, str] = torc
     check_against_weights(hf_config, arch.weight_layout, shapes, source, str(weights))
     cfg = _config_from(arch, hf_config, folder, model_name)
     dtype = as_dtype(dtype) or auto_dtype(read_config(folder), folder, tensors)
-    state = arch.to_glassbox(tensors if tensors is not None else read_state_dict(folder), cfg, source=str(weights))
+    # transformers' rule for a tied config over an untied checkpoint (family.resolve_tying)
+    cfg, tensors = resolve_tying(cfg, tensors if tensors is not None else read_state_dict(folder), arch.tied_names)
+    state = arch.to_glassbox(tensors, cfg, source=str(weights))
     tokenizer_source = "the tokenizer= argument"
     if tokenizer is None and any((folder / f).is_file() for f in TOKENIZER_FILES):
         tokenizer, tokenizer_source = load_tokenizer(folder), f"saved in {folder}"
@@ -367,7 +370,7 @@ def from_hf(hf_model, tokenizer=None, device=None, dtype: Union[torch.dtype, str
         return from_hf(hf_model, tokenizer, "cpu", dtype).place(placement)
     arch = architecture_of_type(getattr(hf_model.config, "model_type", None), source=type(hf_model).__name__,
                                 hf_architectures=[type(hf_model).__name__])
-    cfg = arch.config_from(hf_model.config)
-    state = arch.to_glassbox(hf_model.state_dict(), cfg)
+    cfg, hf_state = resolve_tying(arch.config_from(hf_model.config), hf_model.state_dict(), arch.tied_names)
+    state = arch.to_glassbox(hf_state, cfg)
     first = next(hf_model.parameters())
     return build(cfg, state, tokenizer, device or first.device, dtype or first.dtype)
