@@ -293,5 +293,6 @@ FAMILIES = [
         ("gemma3_text", "Gemma3TextConfig", "Gemma3ForCausalLM"))
 ] + [Architecture("gemma3", "Gemma3Config", "Gemma3ForConditionalGeneration", config_from_gemma3_multimodal,
                   gemma3_multimodal_to_glassbox, config_to_gemma3_multimodal, glassbox_to_gemma,
+                  {"text_config": CONFIG_FIELDS["gemma3_text"], "tie_word_embeddings": "bool"},
                   tied_names=(tuple(prefix + "embed_tokens.weight" for prefix in MULTIMODAL_TEXT),
                               ("lm_head.weight", "language_model.lm_head.weight")))]

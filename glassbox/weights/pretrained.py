@@ -32,7 +32,7 @@ import torch
 from ..models import Config, HookedTransformer
 from ..models.devices import requested_map
 from .architectures import ARCHITECTURES, architecture_of_type
-from .checks import check_against_weights, check_config_fields
+from .checks import check_against_weights, check_config_fields, check_rope_fields
 from .export import recover, save_pretrained, to_hf
 from .family import resolve_tying
 from .files import PYTORCH_BIN, read_config, read_state_dict, stored_dtype, weight_shapes, weights_file
@@ -266,6 +266,7 @@ def _folder_config(folder: Path, model_name: Optional[str] = None) -> tuple:
     model_type = config.get("model_type")
     arch = _architecture(config, source)
     check_config_fields(config, arch.config_fields, source)
+    check_rope_fields(config, source)
     if model_type != arch.model_type:  # picked by its model class: a config with no (or another) model_type
         config = {**config, "model_type": arch.model_type}
     try:

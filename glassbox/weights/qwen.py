@@ -219,7 +219,7 @@ _COMMON_FIELDS = {
     "vocab_size": "size", "max_position_embeddings": "size", "intermediate_size": "size", "head_dim": "size?",
     "hidden_act": "str", "rms_norm_eps": "number", "initializer_range": "number>=0", "rope_theta": "number",
     "tie_word_embeddings": "bool", "rope_parameters": "object?", "rope_scaling": "object?",
-    "use_sliding_window": "bool", "sliding_window": "size?",
+    "use_sliding_window": "bool", "sliding_window": "size?", "max_window_layers": "count",
 }
 QWEN2_FIELDS = dict(_COMMON_FIELDS)
 QWEN3_FIELDS = dict(_COMMON_FIELDS, attention_bias="bool")
