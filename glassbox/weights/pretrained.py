@@ -82,7 +82,9 @@ class ModelNotFoundError(OSError, ValueError):
 def resolve(name_or_path: Union[str, Path], files=None) -> Path:
     """The local folder holding a model's config.json and weights: a folder, a shipped model, or the
     snapshot of a Hugging Face repo id (cached, else fetched: ``files`` are the file patterns fetched,
-    by default the config, weights and tokenizer)."""
+    by default the config, weights and tokenizer). An empty or blank name is refused: Path("") is the
+    working directory, which would load whatever model sits there."""
+    check_name(name_or_path)
     path = Path(name_or_path).expanduser()
     if path.is_dir() or (not path.exists() and recover(path)):
         return path
@@ -95,6 +97,16 @@ def resolve(name_or_path: Union[str, Path], files=None) -> Path:
         return hub_snapshot(name, HUB_FILES if files is None else files)
     raise ValueError(f"{name!r} is neither a folder, a shipped model ({', '.join(shipped_models()) or 'none'}) "
                      "nor a Hugging Face repo id ('org/name' or a bare name such as gpt2)")
+
+
+def check_name(name_or_path) -> None:
+    """A model name is a non-blank str or an os.PathLike (TypeError / ValueError naming it otherwise)."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"model name must be a str or a path, got {type(name_or_path).__name__} ({name_or_path!r})")
+    if isinstance(name_or_path, str) and not name_or_path.strip():
+        raise ValueError(f"model name is empty (got {name_or_path!r}): give a folder, a shipped model "
+                         f"({', '.join(shipped_models()) or 'none'}) or a Hugging Face repo id; '.' names the "
+                         "working directory")
 
 
 def _is_repo_id(name: str) -> bool:
@@ -223,6 +235,7 @@ def from_pretrained(name_or_path, device=None, dtype: Union[torch.dtype, str] = 
     if kwargs:
         raise TypeError(f"unexpected options for from_pretrained: {', '.join(kwargs)}; weight processing "
                         f"options are {', '.join(ALL_STEPS)}")
+    check_name(name_or_path)
     as_dtype(dtype)  # a bad dtype is refused before anything is fetched
     placement = requested_map(device, device_map, n_devices)
     folder = resolve(name_or_path)
@@ -244,7 +257,9 @@ def _model_name(name_or_path) -> Optional[str]:
 def config_of(name_or_path) -> Config:
     """The Config of a model ``from_pretrained`` can load, without reading (or downloading) its weights:
     a GPT-2 hub name's from its sizes, anything else's from its config.json (a repo id's fetched alone
-    when it is not cached)."""
+    when it is not cached). Footgun: a config that ties the embeddings over a checkpoint whose lm_head
+    differs loads untied (family.resolve_tying); that needs the weights, so this Config says tied."""
+    check_name(name_or_path)
     if str(name_or_path) in HUB_MODELS and not Path(str(name_or_path)).expanduser().is_dir():
         return hub_config(str(name_or_path)).replace(model_name=str(name_or_path))
     folder, name = resolve(name_or_path, files=["config.json"]), _model_name(name_or_path)
