@@ -16,6 +16,7 @@ from ..models import Config, HookedTransformer
 from ..models.activations import ACTIVATIONS, PARAMETRISED_ACTIVATIONS
 from .checks import CONFIG_FIELDS, WEIGHT_LAYOUT
 from .family import Architecture, options_beyond
+from .layer_types import attn_types_from
 
 SUPPORTED_ACTIVATIONS = tuple(ACTIVATIONS)
 # The GPT-2 options beyond GPT-2 small's that glassbox maps (the Stanford GPT-2 family sets the first).
@@ -37,6 +38,7 @@ def config_from_hf(hf_config) -> Config:
                          "MLP does not hold")
     if act not in SUPPORTED_ACTIVATIONS:
         raise ValueError(f"GPT-2 activation_function {act!r} is not one of {SUPPORTED_ACTIVATIONS}")
+    attn_types_from(hf_config, "GPT-2", "gpt2")  # its model never reads layer_types: checks the field
     return Config(
         attn_scale=None if getattr(hf_config, "scale_attn_weights", True) else 1.0,
         scale_attn_by_inverse_layer_idx=bool(getattr(hf_config, "scale_attn_by_inverse_layer_idx", False)),

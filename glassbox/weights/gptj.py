@@ -19,6 +19,7 @@ from ..models.activations import ACTIVATIONS
 from .gpt2 import check_shapes, expected_shapes
 from .checks import CONFIG_FIELDS, WEIGHT_LAYOUT
 from .family import Architecture, options_beyond
+from .layer_types import attn_types_from
 
 GPTJ_OPTIONS = dict(normalization="LN", norm_placement="pre", parallel_attn_mlp=True, positional="rotary",
                     rotary_style="interleaved", rotary_base=10000.0, gated_mlp=False, use_bias=True,
@@ -34,6 +35,7 @@ def config_from_gptj(hf_config) -> Config:
     if act not in ACTIVATIONS:
         raise ValueError(f"GPT-J activation_function {act!r} is not supported (glassbox computes "
                          f"{', '.join(ACTIVATIONS)})")
+    attn_types_from(hf_config, "GPT-J", "gptj")  # its model never reads layer_types: checks the field
     d_head = hf_config.n_embd // hf_config.n_head
     return Config(
         d_model=hf_config.n_embd, n_layers=hf_config.n_layer, n_heads=hf_config.n_head,

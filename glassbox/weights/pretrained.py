@@ -37,6 +37,7 @@ from .export import recover, save_pretrained, to_hf
 from .family import resolve_tying
 from .files import PYTORCH_BIN, read_config, read_state_dict, stored_dtype, weight_shapes, weights_file
 from .gpt2 import config_from_hf
+from .layer_types import MISTRAL_WITH_LAYER_TYPES
 from .processing import ALL_STEPS, process
 
 __all__ = ["DEFAULT_MODEL", "HUB_MODELS", "ModelNotFoundError", "as_dtype", "config_of", "from_hf", "from_pretrained",
@@ -299,6 +300,8 @@ def _architecture(config: dict, source: str):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     model_type = config.get("model_type")
+    if model_type == "mistral" and "layer_types" in config:  # as transformers' AutoConfig reads it
+        model_type = MISTRAL_WITH_LAYER_TYPES
     listed = config.get("architectures")
     names = [a for a in listed if isinstance(a, str)] if isinstance(listed, list) else []
     if isinstance(model_type, str) and model_type in CONFIG_MAPPING_NAMES and model_type not in ARCHITECTURES:
