@@ -35,7 +35,7 @@ from .architectures import ARCHITECTURES, architecture_of_type
 from .checks import check_against_weights, check_config_fields, check_rope_fields
 from .export import recover, save_pretrained, to_hf
 from .family import resolve_tying
-from .files import PYTORCH_BIN, read_config, read_state_dict, stored_dtype, weight_shapes, weights_file
+from .files import PYTORCH_BIN, is_regular, read_config, read_state_dict, stored_dtype, weight_shapes, weights_file
 from .gpt2 import config_from_hf
 from .layer_types import MISTRAL_WITH_LAYER_TYPES
 from .processing import ALL_STEPS, process
@@ -59,6 +59,8 @@ HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "vo
 DEFAULT_MODEL = "glassbox-austen"
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
 TOKENIZER_FILES = ("vocab.json", "tokenizer.json")
+TOKENIZER_EXTRAS = ("merges.txt", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                    "tokenizer.model")
 
 
 def hub_config(name: str) -> Config:
@@ -337,7 +339,9 @@ def load_folder(folder: Path, device=None, dtype: Union[torch.dtype, str] = torc
     cfg, tensors = resolve_tying(cfg, tensors if tensors is not None else read_state_dict(folder), arch.tied_names)
     state = arch.to_glassbox(tensors, cfg, source=str(weights))
     tokenizer_source = "the tokenizer= argument"
-    if tokenizer is None and any((folder / f).is_file() for f in TOKENIZER_FILES):
+    # every tokenizer file present must be a regular file (a link to /dev/zero would be read forever)
+    present = [is_regular(folder / f) for f in TOKENIZER_FILES + TOKENIZER_EXTRAS] if tokenizer is None else []
+    if any(present[:len(TOKENIZER_FILES)]):
         tokenizer, tokenizer_source = load_tokenizer(folder), f"saved in {folder}"
     return build(cfg, state, tokenizer, device, dtype, tokenizer_source)
 
@@ -349,8 +353,7 @@ def load_tokenizer(folder: Path):
     try:
         return AutoTokenizer.from_pretrained(str(folder))
     except Exception as err:  # tokenizers and transformers raise many types for damaged files
-        files = ", ".join(sorted(p.name for p in Path(folder).iterdir() if p.name in TOKENIZER_FILES + (
-            "merges.txt", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")))
+        files = ", ".join(sorted(p.name for p in Path(folder).iterdir() if p.name in TOKENIZER_FILES + TOKENIZER_EXTRAS))
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise ValueError(f"could not load the tokenizer in {folder} (files: {files}): {type(err).__name__}: "
                          f"{first[:300]}; repair or remove the damaged tokenizer files") from err
