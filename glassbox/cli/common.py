@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from ..models import HookedTransformer
+from ..models.tokenize import encode_text
 from ..weights.pretrained import (DEFAULT_MODEL, HUB_MODELS, SHIPPED_DIR, from_pretrained, hub_cache_dir, hub_offline,
                                   is_hub_repo_id, resolve, shipped_models)
 from .errors import UsageError, user_errors
@@ -121,7 +122,10 @@ def prompt_tokens(model: HookedTransformer, prompt: str, prepend_bos: Optional[b
     if prompt == "":
         raise UsageError(f"{flag} is empty; give some text")
     bos = model.cfg.default_prepend_bos if prepend_bos is None else prepend_bos
-    n_tokens = len(model.tokenizer.encode(prompt, add_special_tokens=False)) + int(bos)
+    try:
+        n_tokens = len(encode_text(model.tokenizer, prompt, flag)) + int(bos)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
     if n_tokens > model.cfg.n_ctx:
         raise UsageError(f"{flag} is {n_tokens} tokens{' (BOS included)' if bos else ''}, more than the "
                          f"{model.cfg.n_ctx} this model reads (n_ctx); give a shorter prompt")

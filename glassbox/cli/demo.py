@@ -16,6 +16,7 @@ import functools
 from pathlib import Path
 from typing import NamedTuple, Optional
 
+from ..models.tokenize import encode_text
 from ..weights.pretrained import DEFAULT_MODEL
 from .common import load_model, make_folder, output_folder, prompt_tokens, text_arg, tokenizer_of
 from .errors import UsageError, device_arg
@@ -113,7 +114,7 @@ def choose_story(model, prompt: Optional[str], answer: Optional[str], distractor
 
 def not_one_token(model, text: str) -> Optional[str]:
     """Why ``text`` cannot be an answer or distractor for this model's tokenizer, or None if it can."""
-    ids = model.tokenizer.encode(text, add_special_tokens=False)
+    ids = encode_text(model.tokenizer, text)
     if len(ids) != 1:
         pieces = " ".join(repr(model.tokenizer.decode([i])) for i in ids)
         return f"is {len(ids)} tokens for this model's tokenizer" + (f" ({pieces})" if ids else "")
