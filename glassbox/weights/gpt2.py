@@ -21,6 +21,9 @@ from .layer_types import attn_types_from
 SUPPORTED_ACTIVATIONS = tuple(ACTIVATIONS)
 # The GPT-2 options beyond GPT-2 small's that glassbox maps (the Stanford GPT-2 family sets the first).
 GPT2_OPTIONS = ("scale_attn_by_inverse_layer_idx", "attn_scale", "upcast_attn")
+# The Config values GPT-2's layout fixes.
+GPT2_SHAPE = dict(normalization="LN", norm_placement="pre", positional="learned", gated_mlp=False, use_bias=True,
+                  unembed_bias=False, parallel_attn_mlp=False)
 
 
 def config_from_hf(hf_config) -> Config:
@@ -64,11 +67,10 @@ def config_to_hf(cfg: Config):
     if cfg.d_head * cfg.n_heads != cfg.d_model:
         raise ValueError(f"HF GPT-2 needs d_head * n_heads == d_model, got {cfg.d_head} * {cfg.n_heads} "
                          f"!= {cfg.d_model}")
-    gpt2_like = (cfg.normalization == "LN" and cfg.norm_placement == "pre" and cfg.positional == "learned"
-                 and not cfg.gated_mlp and cfg.use_bias and not cfg.unembed_bias)
-    if not gpt2_like:
-        raise ValueError("only GPT-2-architecture configs (pre-LN, learned positions, biases, no gate) "
-                         "export to transformers.GPT2")
+    wrong = {k: getattr(cfg, k) for k, v in GPT2_SHAPE.items() if getattr(cfg, k) != v}
+    if wrong:
+        raise ValueError(f"not a GPT-2-architecture config: {wrong} (GPT-2 needs {GPT2_SHAPE}: pre-LayerNorm, "
+                         "learned positions, biases, no gate, and an lm_head without a bias)")
     beyond = options_beyond(cfg, allowed=GPT2_OPTIONS)
     if cfg.attn_scale not in (None, 1.0):
         beyond["attn_scale"] = cfg.attn_scale
