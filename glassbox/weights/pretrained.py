@@ -30,7 +30,7 @@ from typing import Optional, Union
 import torch
 
 from ..models import Config, HookedTransformer
-from ..models.devices import requested_map
+from ..models.devices import check_device, requested_map
 from .architectures import ARCHITECTURES, architecture_of_type
 from .checks import check_against_weights, check_config_fields, check_rope_fields
 from .export import recover, save_pretrained, to_hf
@@ -240,6 +240,8 @@ def from_pretrained(name_or_path, device=None, dtype: Union[torch.dtype, str] = 
                         f"options are {', '.join(ALL_STEPS)}")
     check_name(name_or_path)
     as_dtype(dtype)  # a bad dtype is refused before anything is fetched
+    if device is not None:  # and a device this machine cannot use
+        check_device(device, "from_pretrained(device=...)", allow_meta=False)
     placement = requested_map(device, device_map, n_devices)
     folder = resolve(name_or_path)
     model = load_folder(folder, device="cpu" if placement is not None else device, dtype=dtype, tokenizer=tokenizer,
@@ -387,6 +389,8 @@ def from_hf(hf_model, tokenizer=None, device=None, dtype: Union[torch.dtype, str
     the same weights; ``dtype`` None or "auto" keeps the model's own. ``device_map`` / ``n_devices`` as
     for ``from_pretrained`` (built on the CPU, then placed)."""
     dtype = as_dtype(dtype)
+    if device is not None:
+        check_device(device, "from_hf(device=...)", allow_meta=False)
     placement = requested_map(device, device_map, n_devices)
     if placement is not None:
         return from_hf(hf_model, tokenizer, "cpu", dtype).place(placement)
