@@ -20,7 +20,7 @@ def record_all(model, tokens):
     (dict(d_model=16, n_heads=3), "d_model=16 is not divisible by n_heads=3"),
     (dict(n_layers=0), "n_layers must be a positive int"),
     (dict(act_fn="prelu"), "act_fn must be one of"),
-    (dict(layer_norm_eps=0.0), "layer_norm_eps must be > 0"),
+    (dict(layer_norm_eps=0.0), "layer_norm_eps must be a finite number > 0"),
     (dict(d_vocab=-3), "d_vocab must be a positive int, got -3"),
 ])
 def test_config_errors_name_the_field(fields, message):

@@ -130,8 +130,13 @@ def prompt_tokens(model, prompt: str, prepend_bos: Optional[bool] = None, flag: 
     """[1 pos] tokens of a prompt that is not empty and fits the model's context."""
     if prompt == "":
         raise UsageError(f"{flag} is empty; give some text")
+    from ..models.tokenize import encode_text
+
     bos = model.cfg.default_prepend_bos if prepend_bos is None else prepend_bos
-    n_tokens = len(model.tokenizer.encode(prompt, add_special_tokens=False)) + int(bos)
+    try:
+        n_tokens = len(encode_text(model.tokenizer, prompt, flag)) + int(bos)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
     if n_tokens > model.cfg.n_ctx:
         raise UsageError(f"{flag} is {n_tokens} tokens{' (BOS included)' if bos else ''}, more than the "
                          f"{model.cfg.n_ctx} this model reads (n_ctx); give a shorter prompt")

@@ -111,7 +111,9 @@ def choose_story(model, prompt: Optional[str], answer: Optional[str], distractor
 
 def not_one_token(model, text: str) -> Optional[str]:
     """Why ``text`` cannot be an answer or distractor for this model's tokenizer, or None if it can."""
-    ids = model.tokenizer.encode(text, add_special_tokens=False)
+    from ..models.tokenize import encode_text
+
+    ids = encode_text(model.tokenizer, text)
     if len(ids) != 1:
         pieces = " ".join(repr(model.tokenizer.decode([i])) for i in ids)
         return f"is {len(ids)} tokens for this model's tokenizer" + (f" ({pieces})" if ids else "")

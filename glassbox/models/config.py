@@ -45,6 +45,7 @@ of the same shape) still allocate n_ctx rows.
 """
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -142,12 +143,8 @@ class Config:
         if self.attn_only and self.norm_placement != "pre":
             raise ValueError("Config.attn_only=True needs norm_placement='pre' (a post-norm attention-only "
                              f"block is not defined here), got {self.norm_placement!r}")
-        if not self.rotary_base > 0:
-            raise ValueError(f"Config.rotary_base must be > 0, got {self.rotary_base}")
-        if not self.layer_norm_eps > 0:
-            raise ValueError(f"Config.layer_norm_eps must be > 0, got {self.layer_norm_eps}")
-        if not self.init_range > 0:
-            raise ValueError(f"Config.init_range must be > 0, got {self.init_range}")
+        for name in ("rotary_base", "layer_norm_eps", "init_range"):
+            _positive_number(self, name)
         if self.positional == "rotary":
             if self.rotary_dim is None:
                 object.__setattr__(self, "rotary_dim", self.d_head)
@@ -174,13 +171,10 @@ class Config:
                      "scale_attn_by_inverse_layer_idx", "upcast_attn", "scale_embed", "parallel_ln2"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Config.{name} must be a bool, got {getattr(self, name)!r}")
-        if self.attn_scale is not None and not (isinstance(self.attn_scale, (int, float)) and self.attn_scale > 0):
-            raise ValueError(f"Config.attn_scale must be a number > 0 (or None for 1/sqrt(d_head)), got {self.attn_scale!r}")
+        _positive_number(self, "attn_scale", "None for 1/sqrt(d_head)")
         _one_of(self, "qk_norm", QK_NORMS)
         for name in ("attn_scores_soft_cap", "output_logits_soft_cap"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float)) and value > 0):
-                raise ValueError(f"Config.{name} must be a number > 0 or None, got {value!r}")
+            _positive_number(self, name, "None for no cap")
         if self.attn_types is not None:
             object.__setattr__(self, "attn_types", tuple(self.attn_types))
             if len(self.attn_types) != self.n_layers or any(t not in ATTN_TYPES for t in self.attn_types):
@@ -191,9 +185,9 @@ class Config:
         if self.window_size is not None and "local" not in (self.attn_types or ()):
             raise ValueError("Config.window_size is set but no layer is local (attn_types); set attn_types, e.g. "
                              "('local',) * n_layers for sliding-window attention in every layer")
-        if self.rotary_base_local is not None and not (self.positional == "rotary" and self.rotary_base_local > 0):
-            raise ValueError(f"Config.rotary_base_local={self.rotary_base_local!r} needs positional='rotary' and a "
-                             "value > 0")
+        _positive_number(self, "rotary_base_local", "None for rotary_base")
+        if self.rotary_base_local is not None and self.positional != "rotary":
+            raise ValueError(f"Config.rotary_base_local={self.rotary_base_local!r} needs positional='rotary'")
         if self.rope_scaling is not None:
             if self.positional != "rotary":
                 raise ValueError("Config.rope_scaling is set but positional is not 'rotary'")
@@ -254,6 +248,16 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _positive_number(cfg: Config, name: str, none: Optional[str] = None) -> None:
+    """A finite int or float > 0 (not a bool); None too where ``none`` says what None means."""
+    value = getattr(cfg, name)
+    if value is None and none is not None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        alternative = f" (or {none})" if none is not None else ""
+        raise ValueError(f"Config.{name} must be a finite number > 0{alternative}, got {value!r}")
 
 
 def _positive_int(cfg: Config, name: str) -> None:

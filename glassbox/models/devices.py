@@ -109,22 +109,53 @@ class DevicePlan:
         return f"DevicePlan({text})"
 
 
-def as_device(value, where: str) -> torch.device:
-    """A usable device from a name, a torch.device or a CUDA index; refuses meta/disk and absent GPUs."""
-    if isinstance(value, bool):
-        raise ValueError(f"{where}: {value!r} is not a device")
+def check_device(value, where: str, allow_meta: bool = True) -> torch.device:
+    """The torch.device ``value`` names (a name, a torch.device, or an int: a CUDA index), checked usable
+    here before anything is built or read: its backend present in this torch build and on this
+    machine, its index in range. ValueError naming ``where`` and the device otherwise. "meta" (no
+    data) passes unless ``allow_meta`` is False (where weights must be held)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, torch.device)):
+        raise ValueError(f"{where}: {value!r} is not a device (give a name such as 'cpu' or 'cuda:0', a "
+                         "torch.device or a CUDA index)")
     try:
         device = torch.device(f"cuda:{value}" if isinstance(value, int) else value)
     except (RuntimeError, TypeError, ValueError) as err:
-        raise ValueError(f"{where}: {value!r} is not a device ({err})") from None
-    if device.type == "meta":
-        raise ValueError(f"{where}: 'meta' holds no weights; name a device that can run the part")
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(f"{where}: {value!r} is not a device ({first})") from None
+    kind = device.type
+    if kind == "cpu" or (kind == "meta" and allow_meta):
+        return device
+    if kind == "meta":
+        raise ValueError(f"{where}: 'meta' holds no weights; name a device that can run the model")
+    if kind == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA (a CPU build)"
+            raise ValueError(f"{where}: {device} is not there: this machine has 0 CUDA device(s) (torch "
+                             f"{torch.__version__}, built with {build}); use 'cpu'")
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"{where}: {device} is not there: this machine has {count} CUDA device(s), "
+                             f"cuda:0 .. cuda:{count - 1}")
+        return device
+    if kind == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"{where}: {value!r} needs Apple's MPS backend, which this torch build or machine "
+                             "does not have; use 'cpu'")
+        return device
+    try:  # any other backend (xpu, xla, hpu, vulkan, ...): can a tensor live there?
+        torch.empty(0, device=device)
+    except Exception as err:  # backends fail with many types (RuntimeError, NotImplementedError, ImportError...)
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise ValueError(f"{where}: {value!r}: this torch build cannot use {kind} devices here "
+                         f"({type(err).__name__}: {first}); use 'cpu'") from None
+    return device
+
+
+def as_device(value, where: str) -> torch.device:
+    """A usable device for a part of a placed model (``check_device``, meta refused), CUDA with its index."""
+    device = check_device(value, where, allow_meta=False)
     if device.type == "cuda":
-        count = torch.cuda.device_count()
-        index = device.index if device.index is not None else 0
-        if index >= count:
-            raise ValueError(f"{where}: {device} is not there: this machine has {count} CUDA device(s)")
-        device = torch.device("cuda", index)
+        device = torch.device("cuda", device.index if device.index is not None else 0)
     return device
 
 
@@ -190,7 +221,7 @@ def n_devices_map(n_devices, device=None) -> Optional[list]:
         return None
     start = 0
     if device is not None:
-        first = torch.device(device)
+        first = check_device(device, "device")
         if first.type != "cuda":
             raise ValueError(f"n_devices={n_devices} spreads the blocks over CUDA devices, but device={device!r}; "
                              "for stages on other devices give device_map a list, e.g. ['cpu', 'cpu']")

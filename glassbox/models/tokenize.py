@@ -38,6 +38,23 @@ TextInput = Union[str, list]
 
 
 @functools.lru_cache(maxsize=1)
+def encode_text(tokenizer, text: str, what: str = "text") -> list:
+    """``tokenizer.encode(text)`` without special tokens, for text that is valid Unicode: a lone
+    surrogate ("\\ud800", from a bad decode or a JSON escape) is a ValueError naming ``what``, the
+    position and the code point, instead of the tokenizer's TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"{what} {_short(text)} holds a lone surrogate {text[err.start]!r} at index {err.start} "
+                         "(half of a UTF-16 pair): it is not valid Unicode text, so no tokenizer can read it; "
+                         "decode the text with errors='replace' or remove the character") from None
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 60 else repr(text[:57]) + "..."
+
+
 def gpt2_tokenizer():
     """GPT-2's byte-level BPE tokenizer, from the files shipped inside this package."""
     from transformers import GPT2TokenizerFast
@@ -89,7 +106,7 @@ class TokenizerMixin:
         if not isinstance(texts, (list, tuple)) or not texts or not all(isinstance(t, str) for t in texts):
             raise ValueError("text input must be a string or a non-empty list of strings")
         bos = self._prepend_bos(prepend_bos)
-        rows = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        rows = [encode_text(self.tokenizer, t, f"text {i}" if len(texts) > 1 else "text") for i, t in enumerate(texts)]
         if bos:
             rows = [[self.bos_token_id] + row for row in rows]
         if truncate:
@@ -169,7 +186,7 @@ class TokenizerMixin:
         """The id of a string that is exactly one token (no BOS); an error otherwise."""
         if not isinstance(text, str):
             raise TypeError(f"to_single_token takes a string, got {type(text).__name__}")
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = encode_text(self.tokenizer, text)
         if len(ids) != 1:
             raise TokenInputError(f"{text!r} is {len(ids)} tokens, not one: {ids}")
         return ids[0]

@@ -66,6 +66,8 @@ class HookedTransformer(ModelMethods, SAEMethods, TokenizerMixin, HookedRootModu
         # Shared (the same object) with every block and attention layer, which read it per forward.
         self._hook_flags = hook_flags
         self._tokenizer = tokenizer
+        if device is not None:
+            devices.check_device(device, "HookedTransformer(device=...)")
         with torch.device(device if device is not None else "cpu"):
             self.embed = Embed(cfg)
             self.hook_embed = HookPoint()
@@ -103,6 +105,20 @@ class HookedTransformer(ModelMethods, SAEMethods, TokenizerMixin, HookedRootModu
     def device_plan(self) -> Optional[devices.DevicePlan]:
         """Where each part runs (a ``DevicePlan``), or None for a model on one device."""
         return self._device_plan
+
+    def to(self, *args, **kwargs):
+        """``nn.Module.to``, its device checked first (``devices.check_device``): a backend this build lacks
+        or a CUDA index past the last is a ValueError naming it, and nothing moves."""
+        try:
+            device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        except (RuntimeError, TypeError, ValueError):  # torch's parse fails first on "gpu" or an int index
+            named = kwargs.get("device", args[0] if args else None)
+            if isinstance(named, (str, int)) and not isinstance(named, bool):
+                devices.check_device(named, "HookedTransformer.to")
+            raise
+        if device is not None:
+            devices.check_device(device, "HookedTransformer.to")
+        return super().to(*args, **kwargs)
 
     def _apply(self, fn, *args, **kwargs):
         # .to / .cuda / .half go through here: a plan the weights no longer match is rebuilt from them.

@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..models.tokenize import encode_text
 from .job import SCALE_EXTRA, ShardSpec
 
 FIELDS = ("clean", "corrupted", "answer", "distractor")
@@ -186,7 +187,7 @@ def _ids(tokenizer, value, name: str, field: str, prepend_bos: bool, prompt: boo
         if tokenizer is None:
             raise ValueError(f"{name}: {field} is text, but no tokenizer was given; give token ids or the model's "
                              "tokenizer")
-        ids = tokenizer.encode(value, add_special_tokens=False)
+        ids = encode_text(tokenizer, value, f"{name}: {field}")
         if prepend_bos:
             bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
             ids = [bos] + ids
@@ -197,7 +198,7 @@ def _ids(tokenizer, value, name: str, field: str, prepend_bos: bool, prompt: boo
         raise ValueError(f"{name}: {field} must be a one-token string or a token id, got {value!r}")
     if tokenizer is None:
         raise ValueError(f"{name}: {field} is text, but no tokenizer was given; give a token id or the tokenizer")
-    ids = tokenizer.encode(value, add_special_tokens=False)
+    ids = encode_text(tokenizer, value, f"{name}: {field}")
     if len(ids) != 1:
         pieces = [tokenizer.decode([t]) for t in ids]
         raise ValueError(f"{name}: {field} {value!r} is {len(ids)} tokens {pieces}, not one; answers must be single "

@@ -15,8 +15,8 @@ import math
 import re
 from typing import Mapping
 
-# Field kinds: "size" (positive int), "size?" (positive int or null), "number" (finite, > 0),
-# "number>=0", "str", "bool", "object?" (JSON object or null).
+# Field kinds: "size" (positive int), "count" (int >= 0), "number" (finite, > 0), "number>=0", "str",
+# "bool", "object"; a kind ending in "?" also takes null.
 CONFIG_FIELDS = {
     "gpt2": {"n_layer": "size", "n_embd": "size", "n_head": "size", "vocab_size": "size", "n_positions": "size",
              "n_inner": "size?", "activation_function": "str", "layer_norm_epsilon": "number",
@@ -52,17 +52,33 @@ WEIGHT_LAYOUT = {
              [(("transformer.wte.weight",), ("vocab_size", "n_embd"))]),
 }
 
-KIND_TEXT = {"size": "a positive integer", "size?": "a positive integer or null", "number": "a finite number > 0",
-             "number>=0": "a finite number >= 0", "str": "a string", "bool": "true or false",
-             "object?": "a JSON object or null"}
+BASE_KIND_TEXT = {"size": "a positive integer", "count": "an integer >= 0", "number": "a finite number > 0",
+                  "number>=0": "a finite number >= 0", "str": "a string", "bool": "true or false",
+                  "object": "a JSON object"}
 
 
-def check_config_fields(config: dict, fields: Mapping[str, str], source: str) -> None:
-    """Each field of ``config`` (a parsed config.json) named in ``fields`` (field -> kind) has its kind;
-    ValueError naming it."""
+def kind_text(kind: str) -> str:
+    """What a field of ``kind`` must be, in words (a kind ending in "?" also takes null)."""
+    base = kind.rstrip("?")
+    if base not in BASE_KIND_TEXT:
+        raise ValueError(f"unknown config field kind {kind!r}")
+    return BASE_KIND_TEXT[base] + (" or null" if kind.endswith("?") else "")
+
+
+def check_config_fields(config: dict, fields: Mapping[str, str], source: str, prefix: str = "") -> None:
+    """Each field of ``config`` (a parsed config.json) named in ``fields`` (field -> kind, or field ->
+    the fields of a nested object, such as an image-text model's text_config) has its kind;
+    ValueError naming it (a nested one as "text_config.rms_norm_eps")."""
     for field, kind in fields.items():
-        if field in config and not _is_kind(config[field], kind):
-            raise ValueError(f"{source}: field {field!r} must be {KIND_TEXT[kind]}, got "
+        if field not in config:
+            continue
+        if isinstance(kind, Mapping):
+            if not isinstance(config[field], dict):
+                raise ValueError(f"{source}: field {prefix + field!r} must be a JSON object, got "
+                                 f"{_short(config[field])} ({type(config[field]).__name__})")
+            check_config_fields(config[field], kind, source, prefix=f"{prefix}{field}.")
+        elif not _is_kind(config[field], kind):
+            raise ValueError(f"{source}: field {prefix + field!r} must be {kind_text(kind)}, got "
                              f"{_short(config[field])} ({type(config[field]).__name__})")
 
 
@@ -70,8 +86,8 @@ def _is_kind(value, kind: str) -> bool:
     if kind.endswith("?") and value is None:
         return True
     kind = kind.rstrip("?")
-    if kind == "size":
-        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    if kind in ("size", "count"):
+        return isinstance(value, int) and not isinstance(value, bool) and value >= (1 if kind == "size" else 0)
     if kind in ("number", "number>=0"):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return False
@@ -82,7 +98,30 @@ def _is_kind(value, kind: str) -> bool:
         return isinstance(value, bool)
     if kind == "object":
         return isinstance(value, dict)
-    raise AssertionError(kind)
+    raise ValueError(f"unknown config field kind {kind!r}")
+
+
+# Numbers inside rope_parameters (and the old rope_scaling) that the converters read directly; the
+# scaling parameters (factor, beta_fast, ...) are checked where they are read (models/positional.py).
+ROPE_NUMBERS = {"rope_theta": "number?", "partial_rotary_factor": "number?"}
+
+
+def check_rope_fields(config: dict, source: str) -> None:
+    """rope_parameters / rope_scaling's rope_theta and partial_rotary_factor are finite numbers > 0
+    (partial_rotary_factor at most 1), also inside Gemma 3's per-layer-type dicts; ValueError naming
+    the field and the value."""
+    for field in ("rope_parameters", "rope_scaling"):
+        value = config.get(field)
+        if not isinstance(value, dict):
+            continue
+        nested = [(f"{field}.{k}", v) for k, v in value.items() if isinstance(v, dict)]
+        for where, params in [(field, value)] + nested:
+            for key, kind in ROPE_NUMBERS.items():
+                number = params.get(key)
+                if key in params and (not _is_kind(number, kind) or (key == "partial_rotary_factor" and number is not None and number > 1)):
+                    limit = " and at most 1" if key == "partial_rotary_factor" else ""
+                    raise ValueError(f"{source}: field {where}.{key} must be {kind_text(kind)}{limit}, got "
+                                     f"{_short(number)} ({type(number).__name__})")
 
 
 def _short(value) -> str:

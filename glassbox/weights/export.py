@@ -45,7 +45,7 @@ def to_hf(model: HookedTransformer, share_memory: bool = False):
     own unless ``share_memory`` (see the module docstring)."""
     import transformers
 
-    arch = architecture_of_config(model.cfg)
+    arch = _architecture_of(model)
     hf_config = arch.config_to(model.cfg)
     hf_config._attn_implementation = "eager"
     hf_class = getattr(transformers, arch.hf_model_class)
@@ -70,6 +70,24 @@ def to_hf(model: HookedTransformer, share_memory: bool = False):
     if model.cfg.tied_unembed:
         hf_model.tie_weights()
     return hf_model.to(first.device).eval()
+
+
+def _architecture_of(model: HookedTransformer):
+    """``architecture_of_config``, with the refusal of a model that only fold_ln made unexportable
+    naming the unembedding bias it added (ln_final's bias folded into b_U), not the architecture."""
+    try:
+        return architecture_of_config(model.cfg)
+    except ValueError as err:
+        if "fold_ln" not in model.processing or not model.cfg.unembed_bias:
+            raise
+        try:
+            arch = architecture_of_config(model.cfg.replace(unembed_bias=False))
+        except ValueError:
+            raise err from None
+        raise ValueError(f"this model was loaded with fold_ln, which folds ln_final's bias into an unembedding bias "
+                         f"b_U (Config.unembed_bias=True), and {arch.model_type} ({arch.hf_model_class}) has no "
+                         "unembedding bias to hold it: export the model loaded without fold_ln (and fold after "
+                         "loading the exported folder)") from err
 
 
 def save_pretrained(model: HookedTransformer, folder) -> None:

@@ -4,11 +4,25 @@ Each family module (``gpt2.py``, ``llama.py``, ...) lists its entries in ``FAMIL
 ``architectures.py`` collects them. An entry names the ``transformers`` config and model classes,
 the four pure converter functions, and what ``checks.py`` verifies in a folder before building:
 ``config_fields`` (config.json field -> kind) and ``weight_layout`` (the layer-count field, a pattern
-whose group is a layer index, and [(embedding tensor names, (config field of each axis))]).
+whose group is a layer index, and [(embedding tensor names, (config field of each axis))]) and
+``tied_names``: (the embedding's names in a checkpoint, the unembedding's), for ``resolve_tying``.
+
+``resolve_tying`` is transformers 5's rule for a config that ties the embeddings (its
+``tie_weights`` during ``from_pretrained``), applied to the tensors before a converter reads them:
+- no unembedding tensor: tied (W_U is W_E);
+- an unembedding equal to the embedding (``torch.equal``; a .bin checkpoint stores both): tied;
+- an unembedding that differs (values or shape): NOT tied. transformers logs that it keeps both and
+  its logits use the unembedding, so the Config becomes ``tied_unembed=False``;
+- an unembedding and no embedding: the embedding is the unembedding (transformers ties the missing
+  one to the one present).
+The same rule reads an in-memory transformers model (``from_hf``): a model that kept both has two
+different tensors in its state dict, a tied one the same tensor twice.
 """
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -22,6 +36,36 @@ class Architecture:
     to_hf: Callable  # (our state dict, Config) -> HF state dict
     config_fields: dict = field(default_factory=dict)
     weight_layout: Optional[tuple] = None
+    tied_names: tuple = (("model.embed_tokens.weight",), ("lm_head.weight",))
+
+
+def resolve_tying(cfg, state: Mapping, tied_names: tuple) -> tuple:
+    """(cfg, state) with transformers' tying rule applied (module docstring): ``cfg.tied_unembed``
+    becomes False where the checkpoint's unembedding differs from its embedding, and a missing
+    embedding is filled from the unembedding. ``state`` is not modified (a new dict where it changes)."""
+    if not cfg.tied_unembed:
+        return cfg, state
+    embeddings, heads = tied_names
+    head = next((name for name in heads if name in state), None)
+    if head is None:
+        return cfg, state
+    embedding = next((name for name in embeddings if name in state), None)
+    if embedding is None:
+        return cfg, {**state, embeddings[0]: state[head]}
+    if not _equal(state[embedding], state[head]):
+        return cfg.replace(tied_unembed=False), state
+    return cfg, state
+
+
+def _equal(a, b) -> bool:
+    """transformers compares the two in the dtype it loads both into; compared here in the wider of
+    their stored dtypes, which casting to any one load dtype cannot make unequal."""
+    if tuple(a.shape) != tuple(b.shape):
+        return False
+    if a.dtype != b.dtype:
+        wide = torch.promote_types(a.dtype, b.dtype)
+        a, b = a.to(wide), b.to(wide)
+    return torch.equal(a, b.to(a.device))
 
 
 # The Config options of today's families, at the values that mean "GPT-2's behaviour". An exporter

@@ -11,10 +11,16 @@ own folder, every shard it names must exist, every tensor must sit in the shard 
 (checked from the shards' headers before any tensor is read) and every tensor of a shard must be in
 the index; a contradiction names the tensor and both files, rather than taking whichever shard
 sorts last. ``weight_shapes`` reads only headers, so a config can be compared with the weights
-before anything large is built."""
+before anything large is built.
+
+Every file read (config.json, the weights, the index, each shard) must be a regular file, through
+links: one that is a link to a device (/dev/zero would be read forever), a folder, a pipe, or a
+dangling link is refused naming the path and what it is (``is_regular``)."""
 
 import json
 import math
+import os
+import stat
 from pathlib import Path
 from typing import Optional
 
@@ -25,11 +31,35 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 PYTORCH_BIN = "pytorch_model.bin"
 
 
+def is_regular(path: Path) -> bool:
+    """True for a regular file (through links), False where nothing is there; a ValueError naming the
+    path and what it is where something else is (a device, a folder, a pipe, a dangling link)."""
+    path = Path(path)
+    if path.is_file():
+        return True
+    if not path.is_symlink() and not path.exists():
+        return False
+    what = "a dangling link" if not path.exists() else _file_kind(path)
+    if path.is_symlink():
+        target = os.readlink(path)
+        what = f"a dangling link to {target}" if not path.exists() else f"a link to {target}, a {what}"
+    raise ValueError(f"{path} is {what}, not a regular file: glassbox reads model files only from regular files")
+
+
+def _file_kind(path: Path) -> str:
+    mode = os.stat(path).st_mode
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISFIFO, "named pipe"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "special file"
+
+
 def weights_file(folder: Path) -> Path:
     """The file ``read_state_dict`` reads: model.safetensors, else its index, else pytorch_model.bin."""
     folder = Path(folder)
     for name in (SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN):
-        if (folder / name).is_file():
+        if is_regular(folder / name):
             return folder / name
     raise FileNotFoundError(f"no weights in {folder}: expected {SAFETENSORS}, {SAFETENSORS_INDEX} or {PYTORCH_BIN}")
 
@@ -37,16 +67,16 @@ def weights_file(folder: Path) -> Path:
 def read_state_dict(folder: Path) -> dict:
     """The tensors of a Hugging Face model folder, on the CPU."""
     folder = Path(folder)
-    if (folder / SAFETENSORS).is_file():
+    if is_regular(folder / SAFETENSORS):
         return read_safetensors(folder / SAFETENSORS)
-    if (folder / SAFETENSORS_INDEX).is_file():
+    if is_regular(folder / SAFETENSORS_INDEX):
         weight_map = read_index(folder)
         check_shards(folder, weight_map)
         state = {}
         for shard in sorted(set(weight_map.values())):
             state.update(read_safetensors(folder / shard))
         return state
-    if (folder / PYTORCH_BIN).is_file():
+    if is_regular(folder / PYTORCH_BIN):
         return read_torch_checkpoint(folder / PYTORCH_BIN)
     raise FileNotFoundError(f"no weights in {folder}: expected {SAFETENSORS}, {SAFETENSORS_INDEX} or {PYTORCH_BIN}")
 
@@ -56,9 +86,9 @@ def weight_shapes(folder: Path) -> dict:
     read; sharded weights are checked against their index first). A PyTorch checkpoint has no
     header, so it is read."""
     folder = Path(folder)
-    if (folder / SAFETENSORS).is_file():
+    if is_regular(folder / SAFETENSORS):
         return safetensors_shapes(folder / SAFETENSORS)
-    if (folder / SAFETENSORS_INDEX).is_file():
+    if is_regular(folder / SAFETENSORS_INDEX):
         shapes = {}
         for found in check_shards(folder, read_index(folder)).values():
             shapes.update(found)
@@ -104,9 +134,9 @@ def _headers(folder: Path) -> list:
     """[(safetensors file, {tensor: (dtype name, shape)})] of a folder's weights, headers only."""
     from safetensors import safe_open
 
-    if (folder / SAFETENSORS).is_file():
+    if is_regular(folder / SAFETENSORS):
         paths = [folder / SAFETENSORS]
-    elif (folder / SAFETENSORS_INDEX).is_file():
+    elif is_regular(folder / SAFETENSORS_INDEX):
         paths = [folder / shard for shard in sorted(set(read_index(folder).values()))]
     else:
         raise FileNotFoundError(f"no safetensors weights in {folder}")
@@ -134,7 +164,7 @@ def read_index(folder: Path) -> dict:
             raise ValueError(f"{path} names shard {shard!r}, which is not a file name in the same folder "
                              f"(for tensor {name})")
     for shard in sorted(set(weight_map.values())):
-        if not (Path(folder) / shard).is_file():
+        if not is_regular(Path(folder) / shard):
             tensors = [n for n, s in weight_map.items() if s == shard]
             raise ValueError(f"{path} maps {len(tensors)} tensor(s) (e.g. {tensors[0]}) to shard {shard}, "
                              f"which is not in {folder}")
@@ -229,7 +259,7 @@ def read_torch_checkpoint(path: Path) -> dict:
 
 def read_config(folder: Path) -> dict:
     path = Path(folder) / "config.json"
-    if not path.is_file():
+    if not is_regular(path):
         raise FileNotFoundError(f"no config.json in {folder}")
     return _read_json(path)
 

@@ -43,6 +43,7 @@ from ..models import Config
 from ..models.positional import scaled_context
 from .family import Architecture
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
+from .layer_types import attn_types_from
 from .llama_layout import decoder_shapes, decoder_to_glassbox, decoder_to_hf
 
 # The tanh-approximation names transformers uses for Gemma's activation; glassbox calls it gelu_new.
@@ -106,15 +107,9 @@ def config_from_gemma(hf_config) -> Config:
         options["output_logits_soft_cap"] = hf_config.final_logit_softcapping
         if model_type == "gemma2":
             options["attn_scores_soft_cap"] = hf_config.attn_logit_softcapping
-        unknown = sorted(set(hf_config.layer_types) - set(LAYER_TYPES))
-        if unknown or len(hf_config.layer_types) != hf_config.num_hidden_layers:
-            raise ValueError(f"{model_type} layer_types={list(hf_config.layer_types)} must give one of "
-                             f"{tuple(LAYER_TYPES)} per layer (num_hidden_layers={hf_config.num_hidden_layers})")
-        types = tuple(LAYER_TYPES[t] for t in hf_config.layer_types)
-        if "local" in types:
-            if hf_config.sliding_window is None:
-                raise ValueError(f"{model_type} has sliding_attention layers but sliding_window=None")
-            options.update(attn_types=types, window_size=int(hf_config.sliding_window))
+    types, window = attn_types_from(hf_config, model_type, model_type)  # Gemma 1: checks the field only
+    if types is not None:
+        options.update(attn_types=types, window_size=window)
     return Config(
         d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers, n_heads=heads,
         n_key_value_heads=hf_config.num_key_value_heads or heads, d_vocab=hf_config.vocab_size,
@@ -292,4 +287,7 @@ FAMILIES = [
         ("gemma", "GemmaConfig", "GemmaForCausalLM"), ("gemma2", "Gemma2Config", "Gemma2ForCausalLM"),
         ("gemma3_text", "Gemma3TextConfig", "Gemma3ForCausalLM"))
 ] + [Architecture("gemma3", "Gemma3Config", "Gemma3ForConditionalGeneration", config_from_gemma3_multimodal,
-                  gemma3_multimodal_to_glassbox, config_to_gemma3_multimodal, glassbox_to_gemma)]
+                  gemma3_multimodal_to_glassbox, config_to_gemma3_multimodal, glassbox_to_gemma,
+                  {"text_config": CONFIG_FIELDS["gemma3_text"], "tie_word_embeddings": "bool"},
+                  tied_names=(tuple(prefix + "embed_tokens.weight" for prefix in MULTIMODAL_TEXT),
+                              ("lm_head.weight", "language_model.lm_head.weight")))]

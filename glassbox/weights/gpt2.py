@@ -16,10 +16,14 @@ from ..models import Config, HookedTransformer
 from ..models.activations import ACTIVATIONS, PARAMETRISED_ACTIVATIONS
 from .checks import CONFIG_FIELDS, WEIGHT_LAYOUT
 from .family import Architecture, options_beyond
+from .layer_types import attn_types_from
 
 SUPPORTED_ACTIVATIONS = tuple(ACTIVATIONS)
 # The GPT-2 options beyond GPT-2 small's that glassbox maps (the Stanford GPT-2 family sets the first).
 GPT2_OPTIONS = ("scale_attn_by_inverse_layer_idx", "attn_scale", "upcast_attn")
+# The Config values GPT-2's layout fixes.
+GPT2_SHAPE = dict(normalization="LN", norm_placement="pre", positional="learned", gated_mlp=False, use_bias=True,
+                  unembed_bias=False, parallel_attn_mlp=False)
 
 
 def config_from_hf(hf_config) -> Config:
@@ -40,6 +44,7 @@ def config_from_hf(hf_config) -> Config:
 
         raise ValueError(f"GPT-2 activation_function {act!r} is not one of {SUPPORTED_ACTIVATIONS}"
                          + did_you_mean(act, SUPPORTED_ACTIVATIONS))
+    attn_types_from(hf_config, "GPT-2", "gpt2")  # its model never reads layer_types: checks the field
     return Config(
         attn_scale=None if getattr(hf_config, "scale_attn_weights", True) else 1.0,
         scale_attn_by_inverse_layer_idx=bool(getattr(hf_config, "scale_attn_by_inverse_layer_idx", False)),
@@ -65,11 +70,10 @@ def config_to_hf(cfg: Config):
     if cfg.d_head * cfg.n_heads != cfg.d_model:
         raise ValueError(f"HF GPT-2 needs d_head * n_heads == d_model, got {cfg.d_head} * {cfg.n_heads} "
                          f"!= {cfg.d_model}")
-    gpt2_like = (cfg.normalization == "LN" and cfg.norm_placement == "pre" and cfg.positional == "learned"
-                 and not cfg.gated_mlp and cfg.use_bias and not cfg.unembed_bias)
-    if not gpt2_like:
-        raise ValueError("only GPT-2-architecture configs (pre-LN, learned positions, biases, no gate) "
-                         "export to transformers.GPT2")
+    wrong = {k: getattr(cfg, k) for k, v in GPT2_SHAPE.items() if getattr(cfg, k) != v}
+    if wrong:
+        raise ValueError(f"not a GPT-2-architecture config: {wrong} (GPT-2 needs {GPT2_SHAPE}: pre-LayerNorm, "
+                         "learned positions, biases, no gate, and an lm_head without a bias)")
     beyond = options_beyond(cfg, allowed=GPT2_OPTIONS)
     if cfg.attn_scale not in (None, 1.0):
         beyond["attn_scale"] = cfg.attn_scale
@@ -192,4 +196,5 @@ def glassbox_to_hf(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
 
 
 FAMILIES = [Architecture("gpt2", "GPT2Config", "GPT2LMHeadModel", config_from_hf, hf_to_glassbox, config_to_hf, glassbox_to_hf,
-                         CONFIG_FIELDS["gpt2"], WEIGHT_LAYOUT["gpt2"])]
+                         CONFIG_FIELDS["gpt2"], WEIGHT_LAYOUT["gpt2"],
+                         tied_names=(("transformer.wte.weight", "wte.weight"), ("lm_head.weight",)))]

@@ -19,6 +19,7 @@ from ..models.activations import ACTIVATIONS
 from .gpt2 import check_shapes, expected_shapes
 from .checks import CONFIG_FIELDS, WEIGHT_LAYOUT
 from .family import Architecture, options_beyond
+from .layer_types import attn_types_from
 
 GPTJ_OPTIONS = dict(normalization="LN", norm_placement="pre", parallel_attn_mlp=True, positional="rotary",
                     rotary_style="interleaved", rotary_base=10000.0, gated_mlp=False, use_bias=True,
@@ -36,6 +37,7 @@ def config_from_gptj(hf_config) -> Config:
 
         raise ValueError(f"GPT-J activation_function {act!r} is not supported (glassbox computes "
                          f"{', '.join(ACTIVATIONS)}){did_you_mean(act, ACTIVATIONS)}")
+    attn_types_from(hf_config, "GPT-J", "gptj")  # its model never reads layer_types: checks the field
     d_head = hf_config.n_embd // hf_config.n_head
     return Config(
         d_model=hf_config.n_embd, n_layers=hf_config.n_layer, n_heads=hf_config.n_head,
@@ -136,4 +138,5 @@ def glassbox_to_gptj(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
 
 
 FAMILIES = [Architecture("gptj", "GPTJConfig", "GPTJForCausalLM", config_from_gptj, gptj_to_glassbox, config_to_gptj, glassbox_to_gptj,
-                         CONFIG_FIELDS["gptj"], WEIGHT_LAYOUT["gptj"])]
+                         CONFIG_FIELDS["gptj"], WEIGHT_LAYOUT["gptj"],
+                         tied_names=(("transformer.wte.weight",), ("lm_head.weight",)))]

@@ -20,16 +20,19 @@ What is mapped (HF -> Config):
   up and down) -> mlp_bias. Mistral has neither (its projections never have biases, whatever its
   config says).
 - hidden_act: any activation glassbox computes under that name (models/activations).
-- tie_word_embeddings -> tied_unembed (no lm_head.weight then).
+- tie_word_embeddings -> tied_unembed, unless the checkpoint's lm_head.weight differs from the embedding
+  (transformers then keeps both: ``family.resolve_tying``).
 - Mistral's sliding_window: None, or every layer local with window_size = sliding_window (keys less
   than sliding_window positions back, the query's own included), in a forward pass and in cached
-  generation alike, as MistralForCausalLM does. LlamaForCausalLM ignores sliding_window in a forward
+  generation alike, as MistralForCausalLM does. A Mistral config.json with layer_types is Ministral's
+  (transformers' AutoConfig reads it so): its "sliding_attention" layers are local, the others global
+  (``layer_types.py`` has the one rule for every family). LlamaForCausalLM ignores sliding_window in a forward
   pass, but its generation cache keeps only that many keys, so a Llama config whose sliding_window is
   below max_position_embeddings is refused (the two disagree); at or above it, it never acts.
 
 Export (``config_to_llama`` / ``config_to_mistral``) writes all of it back and refuses, with the
 option named, any Config either cannot represent: a windowed config is Mistral's (a Llama export
-refuses it), biases are Llama's only, and a mix of local and global layers is neither's.
+refuses it), biases are Llama's only, and a mix of local and global layers exports as Ministral.
 """
 
 from typing import Mapping
@@ -42,6 +45,7 @@ from ..models.config import ACT_FNS, ROPE_TYPES
 from .checks import CONFIG_FIELDS, WEIGHT_LAYOUT
 from .family import Architecture, options_beyond
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
+from .layer_types import attn_types_from
 from .llama_layout import MLP_NAMES, decoder_shapes, decoder_to_glassbox, decoder_to_hf  # noqa: F401 (MLP_NAMES: kept)
 
 # act_fn is Llama's default; a config's hidden_act replaces it (any activation glassbox computes).
@@ -50,12 +54,12 @@ LLAMA_OPTIONS = dict(normalization="RMS", norm_placement="pre", positional="rota
 # The family options (family.options_beyond) these exporters map; any other set one is refused.
 MAPPED_OPTIONS = ("n_key_value_heads", "qkv_bias", "attn_out_bias", "mlp_bias", "attn_scale", "rope_scaling",
                   "attn_types", "window_size")
-FAMILY_NAMES = {"llama": "Llama", "mistral": "Mistral"}
+FAMILY_NAMES = {"llama": "Llama", "mistral": "Mistral", "ministral": "Ministral"}
 
 
 def config_from_llama(hf_config) -> Config:
-    """A glassbox Config from a ``transformers.LlamaConfig`` or ``MistralConfig`` (refusing, by name,
-    options we do not compute)."""
+    """A glassbox Config from a ``transformers.LlamaConfig``, ``MistralConfig`` or ``MinistralConfig``
+    (refusing, by name, options we do not compute; layer_types read by ``layer_types.attn_types_from``)."""
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in FAMILY_NAMES:
         raise ValueError(f"expected a Llama or Mistral config, got model_type={model_type!r}")
@@ -68,11 +72,12 @@ def config_from_llama(hf_config) -> Config:
         raise ValueError(f"{family} hidden_act {hf_config.hidden_act!r} is not supported (glassbox computes "
                          f"{', '.join(ACT_FNS)})")
     rotary_base, rope_scaling = rope_from_hf(hf_config, family)
-    if model_type == "mistral":
-        attn_bias = mlp_bias = False  # MistralAttention and MistralMLP are built with bias=False
+    if model_type != "llama":
+        attn_bias = mlp_bias = False  # Mistral's and Ministral's projections are built with bias=False
         window = getattr(hf_config, "sliding_window", None)
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ValueError(f"Mistral sliding_window={window!r} must be None or a positive integer")
+            raise ValueError(f"{family} sliding_window={window!r} must be None or a positive integer")
+        attn_types, window = attn_types_from(hf_config, family, model_type, windowed=window is not None)
     else:
         attn_bias = bool(getattr(hf_config, "attention_bias", False))
         mlp_bias = bool(getattr(hf_config, "mlp_bias", False))
@@ -83,7 +88,7 @@ def config_from_llama(hf_config) -> Config:
                              "every position in a forward pass but its generation cache keeps only the last "
                              "sliding_window keys, so transformers itself computes two different models (a "
                              "windowed model is Mistral's: model_type='mistral')")
-        window = None  # never acts: no sequence reaches it
+        attn_types, window = attn_types_from(hf_config, family, model_type)  # never windowed: checks the field
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
     n_ctx = scaled_context(hf_config.max_position_embeddings, rope_scaling)  # dynamic: factor times longer
     return Config(
@@ -92,8 +97,7 @@ def config_from_llama(hf_config) -> Config:
         d_head=head_dim, d_mlp=hf_config.intermediate_size,
         layer_norm_eps=hf_config.rms_norm_eps, init_range=hf_config.initializer_range, rotary_dim=head_dim,
         rotary_base=rotary_base, rope_scaling=rope_scaling, qkv_bias=attn_bias, attn_out_bias=attn_bias,
-        mlp_bias=mlp_bias, attn_types=None if window is None else ("local",) * hf_config.num_hidden_layers,
-        window_size=window, tied_unembed=bool(hf_config.tie_word_embeddings),
+        mlp_bias=mlp_bias, attn_types=attn_types, window_size=window, tied_unembed=bool(hf_config.tie_word_embeddings),
         model_name=getattr(hf_config, "name_or_path", "") or model_type,
         **{**LLAMA_OPTIONS, "act_fn": hf_config.hidden_act},
     )
@@ -138,8 +142,8 @@ def unrepresentable(cfg: Config, family: str) -> dict:
             wrong.update(attn_types=cfg.attn_types, window_size=cfg.window_size)
     else:
         wrong.update({k: True for k in ("qkv_bias", "attn_out_bias", "mlp_bias") if getattr(cfg, k)})
-        if cfg.attn_types is not None and len(set(cfg.attn_types)) > 1:
-            wrong["attn_types"] = cfg.attn_types  # one sliding_window for every layer, or none
+        if family == "mistral" and cfg.attn_types is not None and len(set(cfg.attn_types)) > 1:
+            wrong["attn_types"] = cfg.attn_types  # one sliding_window for every layer, or none: Ministral's
     return wrong
 
 
@@ -164,6 +168,11 @@ def _config_to(cfg: Config, family: str, needs: str):
     if family == "llama":
         return transformers.LlamaConfig(**fields, attention_bias=cfg.qkv_bias, mlp_bias=cfg.mlp_bias)
     local = cfg.attn_types is not None and cfg.attn_types[0] == "local"
+    if family == "ministral":
+        types = cfg.attn_types or ("global",) * cfg.n_layers
+        return transformers.MinistralConfig(**fields, sliding_window=cfg.window_size,
+                                            layer_types=[{"local": "sliding_attention", "global": "full_attention"}[t]
+                                                         for t in types])
     return transformers.MistralConfig(**fields, sliding_window=cfg.window_size if local else None)
 
 
@@ -172,6 +181,12 @@ def config_to_llama(cfg: Config):
     Llama cannot represent otherwise)."""
     return _config_to(cfg, "llama", "qkv_bias == attn_out_bias (one attention_bias) and no local layers "
                                     "(a sliding window is Mistral's)")
+
+
+def config_to_ministral(cfg: Config):
+    """A ``transformers.MinistralConfig`` (Mistral with per-layer windows) for a Mistral-architecture Config
+    whose layers mix local and global (a uniform one exports as Mistral, which comes first)."""
+    return _config_to(cfg, "ministral", "no biases")
 
 
 def config_to_mistral(cfg: Config):
@@ -215,4 +230,6 @@ FAMILIES = [
                  glassbox_to_llama, CONFIG_FIELDS["llama"], WEIGHT_LAYOUT["llama"]),
     Architecture("mistral", "MistralConfig", "MistralForCausalLM", config_from_llama, llama_to_glassbox,
                  config_to_mistral, glassbox_to_llama, CONFIG_FIELDS["mistral"], WEIGHT_LAYOUT["mistral"]),
+    Architecture("ministral", "MinistralConfig", "MinistralForCausalLM", config_from_llama, llama_to_glassbox,
+                 config_to_ministral, glassbox_to_llama, CONFIG_FIELDS["mistral"], WEIGHT_LAYOUT["mistral"]),
 ]

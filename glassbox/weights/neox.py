@@ -31,6 +31,7 @@ from ..models.config import ACT_FNS, ROPE_TYPES
 from ..models.positional import rope_parameters_for_hf, scaled_context
 from .family import Architecture
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
+from .layer_types import attn_types_from
 
 NEOX_OPTIONS = dict(normalization="LN", norm_placement="pre", positional="rotary", rotary_style="half",
                     gated_mlp=False, use_bias=True, mlp_bias=True, unembed_bias=False, attn_only=False)
@@ -78,6 +79,7 @@ def config_from_neox(hf_config) -> Config:
     if rotary_dim <= 0 or rotary_dim % 2:
         raise ValueError(f"GPT-NeoX rotary_pct (partial_rotary_factor)={pct} gives {rotary_dim} rotary dims of "
                          f"d_head={d_head}; glassbox needs an even number > 0")
+    attn_types_from(hf_config, "GPT-NeoX", "gpt_neox")  # its model never reads layer_types: checks the field
     bias = bool(hf_config.attention_bias)
     return Config(
         d_model=d_model, n_layers=hf_config.num_hidden_layers, n_heads=heads, d_vocab=hf_config.vocab_size,
@@ -221,4 +223,5 @@ def glassbox_to_neox(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
 
 
 FAMILIES = [Architecture("gpt_neox", "GPTNeoXConfig", "GPTNeoXForCausalLM", config_from_neox, neox_to_glassbox,
-                         config_to_neox, glassbox_to_neox, NEOX_CONFIG_FIELDS, NEOX_WEIGHT_LAYOUT)]
+                         config_to_neox, glassbox_to_neox, NEOX_CONFIG_FIELDS, NEOX_WEIGHT_LAYOUT,
+                         tied_names=(("gpt_neox.embed_in.weight",), ("lm_head.weight", "embed_out.weight")))]

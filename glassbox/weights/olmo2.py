@@ -27,6 +27,7 @@ from ..models.config import ACT_FNS
 from ..models.positional import rope_parameters_for_hf, scaled_context
 from .family import Architecture, options_beyond
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
+from .layer_types import attn_types_from
 from .llama import rope_from_hf
 from .llama_layout import decoder_shapes, decoder_to_glassbox, decoder_to_hf
 
@@ -56,6 +57,7 @@ def config_from_olmo2(hf_config) -> Config:
     rotary_base, rope_scaling = rope_from_hf(hf_config, "OLMo 2")
     heads = hf_config.num_attention_heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    attn_types_from(hf_config, "OLMo 2", "olmo2")  # its model never reads layer_types: checks the field
     bias = bool(hf_config.attention_bias)
     return Config(
         d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers, n_heads=heads,

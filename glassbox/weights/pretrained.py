@@ -31,13 +31,15 @@ from typing import Optional, Union
 import torch
 
 from ..models import Config, HookedTransformer
+from ..models.devices import check_device, requested_map
 from ..suggest import did_you_mean
-from ..models.devices import requested_map
 from .architectures import ARCHITECTURES, architecture_of_type
-from .checks import check_against_weights, check_config_fields
+from .checks import check_against_weights, check_config_fields, check_rope_fields
 from .export import recover, save_pretrained, to_hf
-from .files import PYTORCH_BIN, read_config, read_state_dict, stored_dtype, weight_shapes, weights_file
+from .family import resolve_tying
+from .files import PYTORCH_BIN, is_regular, read_config, read_state_dict, stored_dtype, weight_shapes, weights_file
 from .gpt2 import config_from_hf
+from .layer_types import MISTRAL_WITH_LAYER_TYPES
 from .processing import ALL_STEPS, process
 
 __all__ = ["DEFAULT_MODEL", "HUB_MODELS", "ModelNotFoundError", "as_dtype", "config_of", "from_hf", "from_pretrained",
@@ -59,6 +61,8 @@ HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "vo
 DEFAULT_MODEL = "glassbox-austen"
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
 TOKENIZER_FILES = ("vocab.json", "tokenizer.json")
+TOKENIZER_EXTRAS = ("merges.txt", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                    "tokenizer.model")
 
 
 def hub_config(name: str) -> Config:
@@ -83,7 +87,9 @@ class ModelNotFoundError(OSError, ValueError):
 def resolve(name_or_path: Union[str, Path], files=None) -> Path:
     """The local folder holding a model's config.json and weights: a folder, a shipped model, or the
     snapshot of a Hugging Face repo id (cached, else fetched: ``files`` are the file patterns fetched,
-    by default the config, weights and tokenizer)."""
+    by default the config, weights and tokenizer). An empty or blank name is refused: Path("") is the
+    working directory, which would load whatever model sits there."""
+    check_name(name_or_path)
     path = Path(name_or_path).expanduser()
     if (path.is_dir() or not path.exists()) and recover(path):  # an interrupted save finished first
         return path
@@ -97,6 +103,16 @@ def resolve(name_or_path: Union[str, Path], files=None) -> Path:
     raise ValueError(f"{name!r} is neither a folder, a shipped model ({', '.join(shipped_models()) or 'none'}) "
                      "nor a Hugging Face repo id ('org/name' or a bare name such as gpt2)"
                      + did_you_mean(name, known_model_names()))
+
+
+def check_name(name_or_path) -> None:
+    """A model name is a non-blank str or an os.PathLike (TypeError / ValueError naming it otherwise)."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"model name must be a str or a path, got {type(name_or_path).__name__} ({name_or_path!r})")
+    if isinstance(name_or_path, str) and not name_or_path.strip():
+        raise ValueError(f"model name is empty (got {name_or_path!r}): give a folder, a shipped model "
+                         f"({', '.join(shipped_models()) or 'none'}) or a Hugging Face repo id; '.' names the "
+                         "working directory")
 
 
 def _is_repo_id(name: str) -> bool:
@@ -237,7 +253,10 @@ def from_pretrained(name_or_path, device=None, dtype: Union[torch.dtype, str] = 
     if kwargs:
         raise TypeError(f"unexpected options for from_pretrained: {', '.join(kwargs)}; weight processing "
                         f"options are {', '.join(ALL_STEPS)}")
+    check_name(name_or_path)
     as_dtype(dtype)  # a bad dtype is refused before anything is fetched
+    if device is not None:  # and a device this machine cannot use
+        check_device(device, "from_pretrained(device=...)", allow_meta=False)
     placement = requested_map(device, device_map, n_devices)
     folder = resolve(name_or_path)
     model = load_folder(folder, device="cpu" if placement is not None else device, dtype=dtype, tokenizer=tokenizer,
@@ -258,7 +277,9 @@ def _model_name(name_or_path) -> Optional[str]:
 def config_of(name_or_path) -> Config:
     """The Config of a model ``from_pretrained`` can load, without reading (or downloading) its weights:
     a GPT-2 hub name's from its sizes, anything else's from its config.json (a repo id's fetched alone
-    when it is not cached)."""
+    when it is not cached). Footgun: a config that ties the embeddings over a checkpoint whose lm_head
+    differs loads untied (family.resolve_tying); that needs the weights, so this Config says tied."""
+    check_name(name_or_path)
     if str(name_or_path) in HUB_MODELS and not Path(str(name_or_path)).expanduser().is_dir():
         return hub_config(str(name_or_path)).replace(model_name=str(name_or_path))
     folder, name = resolve(name_or_path, files=["config.json"]), _model_name(name_or_path)
@@ -280,6 +301,7 @@ def _folder_config(folder: Path, model_name: Optional[str] = None) -> tuple:
     model_type = config.get("model_type")
     arch = _architecture(config, source)
     check_config_fields(config, arch.config_fields, source)
+    check_rope_fields(config, source)
     if model_type != arch.model_type:  # picked by its model class: a config with no (or another) model_type
         config = {**config, "model_type": arch.model_type}
     try:
@@ -297,6 +319,8 @@ def _architecture(config: dict, source: str):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     model_type = config.get("model_type")
+    if model_type == "mistral" and "layer_types" in config:  # as transformers' AutoConfig reads it
+        model_type = MISTRAL_WITH_LAYER_TYPES
     listed = config.get("architectures")
     names = [a for a in listed if isinstance(a, str)] if isinstance(listed, list) else []
     if isinstance(model_type, str) and model_type in CONFIG_MAPPING_NAMES and model_type not in ARCHITECTURES:
@@ -328,9 +352,13 @@ def load_folder(folder: Path, device=None, dtype: Union[torch.dtype, str] = torc
     check_against_weights(hf_config, arch.weight_layout, shapes, source, str(weights))
     cfg = _config_from(arch, hf_config, folder, model_name)
     dtype = as_dtype(dtype) or auto_dtype(read_config(folder), folder, tensors)
-    state = arch.to_glassbox(tensors if tensors is not None else read_state_dict(folder), cfg, source=str(weights))
+    # transformers' rule for a tied config over an untied checkpoint (family.resolve_tying)
+    cfg, tensors = resolve_tying(cfg, tensors if tensors is not None else read_state_dict(folder), arch.tied_names)
+    state = arch.to_glassbox(tensors, cfg, source=str(weights))
     tokenizer_source = "the tokenizer= argument"
-    if tokenizer is None and any((folder / f).is_file() for f in TOKENIZER_FILES):
+    # every tokenizer file present must be a regular file (a link to /dev/zero would be read forever)
+    present = [is_regular(folder / f) for f in TOKENIZER_FILES + TOKENIZER_EXTRAS] if tokenizer is None else []
+    if any(present[:len(TOKENIZER_FILES)]):
         tokenizer, tokenizer_source = load_tokenizer(folder), f"saved in {folder}"
     return build(cfg, state, tokenizer, device, dtype, tokenizer_source)
 
@@ -342,8 +370,7 @@ def load_tokenizer(folder: Path):
     try:
         return AutoTokenizer.from_pretrained(str(folder))
     except Exception as err:  # tokenizers and transformers raise many types for damaged files
-        files = ", ".join(sorted(p.name for p in Path(folder).iterdir() if p.name in TOKENIZER_FILES + (
-            "merges.txt", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")))
+        files = ", ".join(sorted(p.name for p in Path(folder).iterdir() if p.name in TOKENIZER_FILES + TOKENIZER_EXTRAS))
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise ValueError(f"could not load the tokenizer in {folder} (files: {files}): {type(err).__name__}: "
                          f"{first[:300]}; repair or remove the damaged tokenizer files") from err
@@ -377,12 +404,14 @@ def from_hf(hf_model, tokenizer=None, device=None, dtype: Union[torch.dtype, str
     the same weights; ``dtype`` None or "auto" keeps the model's own. ``device_map`` / ``n_devices`` as
     for ``from_pretrained`` (built on the CPU, then placed)."""
     dtype = as_dtype(dtype)
+    if device is not None:
+        check_device(device, "from_hf(device=...)", allow_meta=False)
     placement = requested_map(device, device_map, n_devices)
     if placement is not None:
         return from_hf(hf_model, tokenizer, "cpu", dtype).place(placement)
     arch = architecture_of_type(getattr(hf_model.config, "model_type", None), source=type(hf_model).__name__,
                                 hf_architectures=[type(hf_model).__name__])
-    cfg = arch.config_from(hf_model.config)
-    state = arch.to_glassbox(hf_model.state_dict(), cfg)
+    cfg, hf_state = resolve_tying(arch.config_from(hf_model.config), hf_model.state_dict(), arch.tied_names)
+    state = arch.to_glassbox(hf_state, cfg)
     first = next(hf_model.parameters())
     return build(cfg, state, tokenizer, device or first.device, dtype or first.dtype)

@@ -34,11 +34,11 @@ from ..models.config import ACT_FNS, ROPE_TYPES
 from ..models.positional import rope_parameters_for_hf, rope_scaling_from_hf, scaled_context
 from .family import Architecture
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
+from .layer_types import attn_types_from
 from .llama_layout import decoder_shapes, decoder_to_glassbox, decoder_to_hf
 
 QWEN_OPTIONS = dict(normalization="RMS", norm_placement="pre", positional="rotary", rotary_style="half",
                     gated_mlp=True, use_bias=False, unembed_bias=False, parallel_attn_mlp=False, mlp_bias=False)
-LAYER_TYPES = {"full_attention": "global", "sliding_attention": "local"}
 # Config fields that do not change what the model computes (or only its precision: upcast_attn; n_ctx
 # only limits a rotary model's positions, and the dynamic rope type's max_position_embeddings is its
 # original length instead), so an export need not (and cannot) carry them. attn_scale is compared as
@@ -71,7 +71,7 @@ def _config_from(hf_config, model_type: str) -> Config:
         scaling = rope_scaling_from_hf(rope, hf_config.max_position_embeddings)
     except ValueError as err:
         raise ValueError(f"{family} {err}") from err
-    attn_types, window = _attn_types(hf_config, family)
+    attn_types, window = attn_types_from(hf_config, family, model_type)
     bias = bool(getattr(hf_config, "attention_bias", False)) if model_type == "qwen3" else None
     return Config(
         d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers, n_heads=heads,
@@ -86,25 +86,6 @@ def _config_from(hf_config, model_type: str) -> Config:
         model_name=getattr(hf_config, "name_or_path", "") or model_type,
         **QWEN_OPTIONS,
     )
-
-
-def _attn_types(hf_config, family: str) -> tuple:
-    """(attn_types, window_size) from the config's layer_types: (None, None) when no layer slides."""
-    n = hf_config.num_hidden_layers
-    layer_types = list(getattr(hf_config, "layer_types", None) or ["full_attention"] * n)
-    unknown = sorted({t for t in layer_types if t not in LAYER_TYPES})
-    if unknown:
-        raise ValueError(f"{family} layer_types {unknown} are not supported (glassbox computes "
-                         f"{', '.join(LAYER_TYPES)})")
-    if len(layer_types) != n:
-        raise ValueError(f"{family} layer_types has {len(layer_types)} entries for num_hidden_layers={n}")
-    if "sliding_attention" not in layer_types:
-        return None, None
-    window = getattr(hf_config, "sliding_window", None)
-    if window is None:  # transformers sets it to None unless use_sliding_window, and then cannot run
-        raise ValueError(f"{family} layer_types has sliding_attention layers but sliding_window is None "
-                         f"(use_sliding_window={getattr(hf_config, 'use_sliding_window', None)}): no window to apply")
-    return tuple(LAYER_TYPES[t] for t in layer_types), window
 
 
 def config_from_qwen2(hf_config) -> Config:
@@ -219,7 +200,7 @@ _COMMON_FIELDS = {
     "vocab_size": "size", "max_position_embeddings": "size", "intermediate_size": "size", "head_dim": "size?",
     "hidden_act": "str", "rms_norm_eps": "number", "initializer_range": "number>=0", "rope_theta": "number",
     "tie_word_embeddings": "bool", "rope_parameters": "object?", "rope_scaling": "object?",
-    "use_sliding_window": "bool", "sliding_window": "size?",
+    "use_sliding_window": "bool", "sliding_window": "size?", "max_window_layers": "count",
 }
 QWEN2_FIELDS = dict(_COMMON_FIELDS)
 QWEN3_FIELDS = dict(_COMMON_FIELDS, attention_bias="bool")
