@@ -260,6 +260,11 @@ def apply_ln_to_stack(cache, residual_stack: Float[Tensor, "*stack d_model"], la
     ``batch_slice`` picks sequences of the stack (its axis 1, when ``has_batch_dim``) and of the cached
     scale (when the cache has a batch axis); ``has_batch_dim=False`` says the stack has no batch axis,
     so only the scale is cut (to the one sequence the stack belongs to).
+
+    The stack's last axis must be d_model. A stack with no component axis (``[batch d_model]`` at
+    ``pos_slice=-1``: one stream per position, its leading axes those of the cached scale) is treated as
+    a stack of one component and comes back without that axis, ``incl_bias`` adding b in; anything
+    else whose leading axes are not the scale's is refused, naming both.
     """
     if incl_bias and not affine:
         raise ValueError("incl_bias appends the norm's bias b, which affine=False leaves out")
@@ -363,7 +368,9 @@ def logit_attrs(cache, residual_stack: Float[Tensor, "*stack d_model"], tokens, 
 
     ``tokens``: a str or int (one token everywhere), or a tensor whose shape is a prefix of the
     stack's batch/pos axes (e.g. [batch] for a stack at one position, [batch pos] for all). Ids must
-    lie in [0, d_vocab): a negative id is refused, not read from the end of the vocabulary.
+    lie in [0, d_vocab): a negative id is refused, not read from the end of the vocabulary. A stack with no
+    component axis (one stream per position) gives its attribution without that axis, the bias row
+    added in with ``incl_bias``.
     """
     # a TransformerLens-style config reads -1.0 for "no cap" under this name: ask the glassbox Config
     cap = getattr(getattr(cache.model.cfg, "glassbox", cache.model.cfg), "output_logits_soft_cap", None)
