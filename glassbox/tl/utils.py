@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 
+from ..hooks.errors import ArgumentError
 from ..interp.act_names import act_name, split_compact
 from ..interp.axis_slice import Slice, SliceInput
 from ..interp.lm_metrics import next_token_accuracy
@@ -81,9 +82,9 @@ test_prompt.__test__ = False  # pytest would collect it by its name
 def lm_cross_entropy_loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                           per_token: bool = False) -> torch.Tensor:
     if attention_mask is not None:
-        if tuple(attention_mask.shape) != tuple(tokens.shape):
-            raise ValueError(f"attention_mask must have the same shape as tokens, got "
-                             f"{tuple(attention_mask.shape)} and {tuple(tokens.shape)}")
+        if tuple(attention_mask.shape) != tuple(tokens.shape):  # TransformerLens asserts here, in these words
+            raise ArgumentError(f"attention_mask must have the same shape as tokens, got "
+                                f"{tuple(attention_mask.shape)} and {tuple(tokens.shape)}")
         attention_mask = attention_mask.bool()
     return lm_loss(logits, tokens, attention_mask, per_token)
 
