@@ -477,3 +477,34 @@ def test_load_and_process_state_dict_processes_what_it_is_given_on_a_processed_m
         # processing keeps the predictions: measured 4.8e-7 (log-probs up to 4.2), bound 5e-6: 10x
         diff = (model(x).log_softmax(-1) - base(x).log_softmax(-1)).abs().max()
     assert diff < 5e-6
+
+
+def test_load_and_process_state_dict_refuses_bad_state_dicts_naming_the_key_and_changes_nothing():
+    model = tiny()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg_before = model.cfg.to_dict()
+    good = {k: v.clone() for k, v in model.state_dict().items()}
+    W_U = good.pop("unembed.W_U_T").T.contiguous()  # TransformerLens's layout, [d_model d_vocab]
+    tl_style = {**good, "unembed.W_U": W_U}
+    without = {k: v for k, v in tl_style.items() if k != "blocks.1.attn.W_Q"}
+    cases = [
+        (without, KeyError, r"missing blocks.1.attn.W_Q"),
+        ({**tl_style, "blocks.9.attn.W_Q": good["blocks.0.attn.W_Q"]}, KeyError, r"unexpected.*blocks.9.attn.W_Q"),
+        ({**tl_style, "blocks.0.attn.W_Q": torch.randn(3, 24, 7)}, ValueError,
+         r"blocks.0.attn.W_Q.*\(3, 24, 7\).*\(3, 24, 8\)"),
+        ({**tl_style, "unembed.W_U": torch.randn(24, 50)}, ValueError, r"unembed.W_U.*\(24, 50\).*\(24, 53\)"),
+        ({**tl_style, "unembed.W_U": torch.randn(24)}, ValueError, r"unembed.W_U.*\(24,\).*\(24, 53\)"),
+        ({**tl_style, "blocks.0.mlp.b_in": 3}, TypeError, r"blocks.0.mlp.b_in.*int"),
+        ({**tl_style, "blocks.0.mlp.W_in": good["blocks.0.mlp.W_in"].long()}, ValueError,
+         r"blocks.0.mlp.W_in.*torch.int64"),
+        ({**tl_style, "blocks.1.ln2.w": torch.full((24,), float("nan"))}, ValueError, r"blocks.1.ln2.w.*nan"),
+        ([1, 2], TypeError, r"state_dict must be a mapping.*list"),
+    ]
+    for state, kind, message in cases:
+        with pytest.raises(kind, match=message):
+            model.load_and_process_state_dict(state)
+        after = model.state_dict()
+        assert all(torch.equal(after[k], v) for k, v in before.items()), message  # nothing half-loaded
+        assert model.cfg.to_dict() == cfg_before and model.processing == ()
+    model.load_and_process_state_dict(tl_style)  # the same state dict, unharmed, loads
+    assert model.cfg.normalization_type == "LNPre"

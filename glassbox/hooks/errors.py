@@ -15,4 +15,9 @@ class BroadcastError(ValueError, RuntimeError):
     """Shapes that do not broadcast, where TransformerLens (or torch under it) raises RuntimeError."""
 
 
-__all__ = ["ArgumentError", "BroadcastError"]
+class KeysError(KeyError, ValueError):
+    """Keys missing from a mapping or not expected in it (a state dict's): a KeyError, and a ValueError as
+    TransformerLens raises for weights missing from a state dict."""
+
+
+__all__ = ["ArgumentError", "BroadcastError", "KeysError"]

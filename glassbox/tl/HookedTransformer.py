@@ -30,6 +30,7 @@ warning, as TransformerLens does for post-norm architectures.
 """
 
 import warnings
+from collections.abc import Mapping
 from typing import Optional, Tuple, Union
 
 import torch
@@ -211,7 +212,7 @@ class HookedTransformer(_GlassboxTransformer):
                                    default_prepend_bos=default_prepend_bos, default_padding_side=default_padding_side,
                                    **from_pretrained_kwargs)
 
-    def load_and_process_state_dict(self, state_dict: dict, fold_ln: bool = True, center_writing_weights: bool = True,
+    def load_and_process_state_dict(self, state_dict, fold_ln: bool = True, center_writing_weights: bool = True,
                                     center_unembed: bool = True, fold_value_biases: bool = True,
                                     refactor_factored_attn_matrices: bool = False) -> None:
         """Load a state dict (TransformerLens's names and layout, or glassbox's) into this model and process
@@ -221,19 +222,27 @@ class HookedTransformer(_GlassboxTransformer):
         missing bias (TransformerLens's gated MLP has no b_gate) is zero, as TransformerLens fills them. Every
         requested step is applied to the state dict given (as TransformerLens does: what this model's own
         weights went through says nothing about it), and ``model.processing`` becomes those steps. Refused,
-        before anything changes, when the processed weights would need a different model (a tied
-        unembedding)."""
+        before anything changes, naming the key: a missing or unexpected key (``KeysError``, a KeyError and
+        ValueError; TransformerLens ignores unexpected ones), a shape this model does not have, a value that
+        is not a finite floating tensor (``glassbox.weights.checks.check_state_dict``); and when the
+        processed weights would need a different model (a tied unembedding)."""
         steps = tl_steps(self.cfg.glassbox, fold_ln, center_writing_weights, center_unembed, fold_value_biases,
                          refactor_factored_attn_matrices)
         self._load_processed(state_dict, steps)
         self.processing = tuple(steps)
 
-    def _load_processed(self, state_dict: dict, steps: list) -> None:
+    def _load_processed(self, state_dict, steps: list) -> None:
+        from ..weights.checks import check_state_dict
         from ..weights.processing import process_state_dict
 
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"state_dict must be a mapping of parameter name to tensor, got {type(state_dict).__name__}")
         sd = {k: v for k, v in state_dict.items() if not k.endswith((".mask", ".IGNORE")) and "rotary_" not in k}
+        renamed = {}
         if "unembed.W_U" in sd:
-            sd["unembed.W_U_T"] = sd.pop("unembed.W_U").transpose(0, 1)
+            W_U = sd.pop("unembed.W_U")
+            sd["unembed.W_U_T"] = W_U.transpose(0, 1) if isinstance(W_U, Tensor) and W_U.ndim == 2 else W_U
+            renamed["unembed.W_U_T"] = "unembed.W_U"
         for key in [k for k in sd if ".attn._" in k]:  # TransformerLens's grouped _W_K, _W_V, _b_K, _b_V
             sd[key.replace(".attn._", ".attn.")] = sd.pop(key)
         own = self.state_dict()
@@ -242,6 +251,8 @@ class HookedTransformer(_GlassboxTransformer):
                 sd[key] = torch.ones_like(value) if key.endswith(".w") else torch.zeros_like(value)
             elif key not in sd and key.rsplit(".", 1)[-1].startswith("b_"):
                 sd[key] = torch.zeros_like(value)
+        own_shapes = {k: tuple(v.shape) for k, v in own.items()}
+        check_state_dict(sd, own_shapes, "state_dict", renamed, exempt=("unembed.W_U_T",))  # before any change
         processed, gcfg = process_state_dict(sd, self.cfg.glassbox, steps)
         if gcfg != self.cfg.glassbox:
             raise ValueError(f"the processed weights need a different model ({gcfg} instead of {self.cfg.glassbox}); "
