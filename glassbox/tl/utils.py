@@ -38,7 +38,7 @@ __all__ = [
     "download_file_from_hf", "gelu_new", "get_act_name", "get_attention_mask", "get_corner", "get_dataset",
     "get_device", "get_input_with_manually_prepended_bos",
     "get_tokens_with_bos_removed", "init_kaiming_normal_", "init_kaiming_uniform_", "init_xavier_normal_",
-    "init_xavier_uniform_", "is_lower_triangular", "is_square", "keep_single_column", "lm_accuracy",
+    "init_xavier_uniform_", "is_library_available", "is_lower_triangular", "is_square", "keep_single_column", "lm_accuracy",
     "lm_cross_entropy_loss", "override_or_use_default_value", "remove_batch_dim", "test_prompt", "to_numpy",
     "tokenize_and_concatenate", "transpose",
 ]
@@ -128,6 +128,13 @@ def get_input_with_manually_prepended_bos(bos_token: Optional[str], input):
     if bos_token is None:
         return input
     return bos_token + input if isinstance(input, str) else [bos_token + text for text in input]
+
+
+def is_library_available(name: str) -> bool:
+    """Whether the module ``name`` can be imported (found on the path; nothing is imported)."""
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
 
 
 def get_device() -> str:
