@@ -508,3 +508,26 @@ def test_load_and_process_state_dict_refuses_bad_state_dicts_naming_the_key_and_
         assert model.cfg.to_dict() == cfg_before and model.processing == ()
     model.load_and_process_state_dict(tl_style)  # the same state dict, unharmed, loads
     assert model.cfg.normalization_type == "LNPre"
+
+
+def test_the_model_owns_a_tokenizer_copy_with_transformer_lens_conventions():
+    from glassbox.models import gpt2_tokenizer
+    from glassbox.models.tokenize import tokenizer_copy
+
+    shared = gpt2_tokenizer()
+    own = tokenizer_copy(shared)
+    own.pad_token, own.padding_side = own.eos_token, "left"
+    assert shared.pad_token is None and shared.padding_side == "right"  # the original is untouched
+    assert own("Elizabeth read").input_ids == shared("Elizabeth read").input_ids
+    model = tl.HookedTransformer(tl.HookedTransformerConfig(**{**BASE, "d_vocab": 50257, "act_fn": "relu"}))
+    assert model.tokenizer is not shared and model.tokenizer.pad_token_id == shared.eos_token_id == 50256
+    prompts = ["a b c d", "a"]
+    assert model.to_tokens(prompts)[1].tolist() == [50256, 64, 50256, 50256, 50256]  # right: the default
+    model.tokenizer.padding_side = "left"  # as in TransformerLens, the model pads on its tokenizer's side
+    assert model.default_padding_side == "left"
+    assert model.to_tokens(prompts)[1].tolist() == [50256, 50256, 50256, 50256, 64]
+    assert shared.padding_side == "right" and shared.pad_token is None
+    model.default_padding_side = "right"
+    assert model.tokenizer.padding_side == "right"
+    with pytest.raises(ValueError, match="padding_side"):
+        model.default_padding_side = "middle"

@@ -19,7 +19,8 @@ glassbox method are glassbox's own; only the surface differs. ``model.cfg`` is a
 - ``forward`` takes TransformerLens's positional order (input, return_type, loss_per_token,
   prepend_bos, padding_side, start_at_layer, tokens, shortformer_pos_embed, attention_mask,
   stop_at_layer, past_kv_cache); ``padding_side=None`` (also in ``to_tokens``) is the model's
-  ``default_padding_side``. ``run_with_cache`` takes TransformerLens's arguments (``tl_run_with_cache``).
+  ``default_padding_side``, its tokenizer's ``padding_side``: the model owns a copy of its tokenizer, with
+  pad = eos where it had no pad token, as in TransformerLens (``_tokenizer``). ``run_with_cache`` takes TransformerLens's arguments (``tl_run_with_cache``).
 
 Processing, as TransformerLens 3.9 does it: ``fold_ln`` folds each norm into its readers, and for
 LayerNorm also removes the readers' d_model mean (glassbox's ``center_reader_weights``);
@@ -42,6 +43,7 @@ from ..models import gpt2_tokenizer
 from .config.fields import FLAGS
 from .config.hooked_transformer_config import HookedTransformerConfig, default_device
 from ._run_with_cache import tl_run_with_cache
+from ._tokenizer import TokenizerConventions
 from .loading_from_pretrained import get_official_model_name
 
 Loss = Tensor  # a 0-d mean loss, or [batch pos-1] per token
@@ -70,7 +72,7 @@ def as_dtype(dtype) -> torch.dtype:
     return dtype
 
 
-class HookedTransformer(_GlassboxTransformer):
+class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
     """glassbox's HookedTransformer with TransformerLens's surface (see the module docstring)."""
 
     def __init__(self, cfg, tokenizer=None, move_to_device: bool = True,
@@ -97,8 +99,7 @@ class HookedTransformer(_GlassboxTransformer):
         device = values["device"] if move_to_device else None
         super().__init__(tl_cfg.glassbox, tokenizer=tokenizer, init=bool(values["init_weights"]), device=device,
                          dtype=as_dtype(values["dtype"]), **self._flag_kwargs(flags))
-        # TransformerLens: None keeps the tokenizer's own side.
-        self.default_padding_side = default_padding_side or getattr(tokenizer, "padding_side", None) or "right"
+        self.default_padding_side = default_padding_side  # None keeps the tokenizer's own side (TransformerLens)
         if values["normalization_type"] in ("LNPre", "RMSPre") and not values["init_weights"]:
             self._reset_norms()
         self.cfg = tl_cfg
@@ -277,8 +278,8 @@ class HookedTransformer(_GlassboxTransformer):
         """Use ``tokenizer``; ``default_padding_side`` (None: the tokenizer's) becomes the model's default."""
         if default_padding_side not in ("left", "right", None):
             raise ValueError(f"default_padding_side must be 'left', 'right' or None, got {default_padding_side!r}")
-        self.tokenizer = tokenizer
-        self.default_padding_side = default_padding_side or getattr(tokenizer, "padding_side", None) or "right"
+        self.tokenizer = tokenizer  # the model's own copy, pad = eos (see _tokenizer)
+        self.default_padding_side = default_padding_side
 
     def init_weights(self) -> None:
         """Initialise every weight again (glassbox's scheme; see the module docstring)."""
@@ -359,10 +360,6 @@ class HookedTransformer(_GlassboxTransformer):
         """TransformerLens's to_tokens: ``truncate=True`` (TransformerLens's default) keeps each row's first n_ctx
         tokens, ``truncate=False`` every token; ``padding_side=None`` is the model's ``default_padding_side``."""
         return super().to_tokens(input, prepend_bos, padding_side, move_to_device, truncate)
-
-    def resolve_padding_side(self, padding_side: Optional[str]) -> str:
-        """``padding_side=None`` is the model's ``default_padding_side`` everywhere glassbox tokenizes."""
-        return super().resolve_padding_side(padding_side or self.default_padding_side)
 
     def generate(self, *args, **kwargs):
         """TransformerLens's generate (its argument names, defaults and return types); see
