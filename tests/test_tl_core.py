@@ -531,3 +531,21 @@ def test_the_model_owns_a_tokenizer_copy_with_transformer_lens_conventions():
     assert model.tokenizer.padding_side == "right"
     with pytest.raises(ValueError, match="padding_side"):
         model.default_padding_side = "middle"
+
+
+def test_run_with_cache_from_a_residual_stream_and_negative_start_at_layer():
+    model = tiny(n_layers=3)
+    x = toks(2, 7)
+    with torch.no_grad():
+        logits, full = model.run_with_cache(x)
+        for start in (1, -2, -1):  # -2 is block 1, -1 block 2 (TransformerLens slices the blocks)
+            block = start % 3
+            out, cache = model.run_with_cache(full["resid_pre", block], start_at_layer=start)
+            # the rest of the same forward: measured 0.0 (logits up to 2.7), bound 1e-5
+            assert float((out - logits).abs().max()) < 1e-5, start
+            assert f"blocks.{block}.hook_resid_pre" in cache and f"blocks.{block - 1}.hook_resid_pre" not in cache
+            torch.testing.assert_close(model(full["resid_pre", block], start_at_layer=start), out, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match=r"residual stream \[batch pos d_model\], got \(2, 7\)"):
+        model.run_with_cache(x, start_at_layer=1)
+    with pytest.raises(ValueError, match="start_at_layer=-4"):
+        model(full["resid_pre", 0], start_at_layer=-4)

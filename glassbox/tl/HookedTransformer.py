@@ -350,6 +350,8 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
         """TransformerLens's forward; see ``glassbox.HookedTransformer.forward`` for each argument."""
         if shortformer_pos_embed is not None:
             raise ValueError("shortformer_pos_embed is not supported: glassbox has no shortformer positions")
+        if isinstance(start_at_layer, int) and -self.cfg.n_layers <= start_at_layer < 0:
+            start_at_layer += self.cfg.n_layers  # TransformerLens slices the blocks: -1 is the last block
         return super().forward(input, return_type=return_type, loss_per_token=loss_per_token,
                                attention_mask=attention_mask, prepend_bos=prepend_bos,
                                padding_side=padding_side, stop_at_layer=stop_at_layer,
