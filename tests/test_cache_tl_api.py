@@ -297,6 +297,14 @@ def test_bad_index_arguments_are_named(gpt2):
         cache.decompose_resid(pos_slice=torch.ones(3, dtype=torch.bool))
     with pytest.raises(ValueError, match="project_output_onto"):
         cache.stack_neuron_results(1, project_output_onto=torch.ones(12))
+    # an int index out of range names the argument and the axis size (torch's select() named neither)
+    with pytest.raises(IndexError, match=r"pos_slice index 7 is outside an axis of size 7"):
+        cache.decompose_resid(pos_slice=7)
+    with pytest.raises(IndexError, match=r"neuron_slice index -20 is outside an axis of size 19"):
+        cache.get_neuron_results(0, neuron_slice=-20)
+    with pytest.raises(IndexError, match=r"batch_slice index 2 is outside an axis of size 2"):
+        cache.apply_slice_to_batch_dim(torch.tensor(2))
+    assert torch.equal(cache.decompose_resid(pos_slice=-7), cache.decompose_resid(pos_slice=0))
 
 
 def test_batch_slice_and_has_batch_dim(gpt2):

@@ -338,3 +338,19 @@ def test_OV_and_QK_compute_what_the_model_does(model):
         assert_close(scores[:, causal], expected[:, causal], atol=1.5e-14, rtol=0)
         # measured 7.8e-16 (values up to 3.5), bound 1e-14
         assert_close(out, cache[f"blocks.{layer}.hook_attn_out"][0], atol=1e-14, rtol=0)
+
+
+def test_shape_errors_are_also_transformer_lens_types():
+    from glassbox.hooks.errors import ArgumentError, BroadcastError
+
+    A, B = torch.randn(3, 4), torch.randn(4, 6)
+    for call, kind in [(lambda: FactoredMatrix(A, torch.randn(5, 6)), AssertionError),
+                       (lambda: FactoredMatrix(A, B) @ torch.randn(5, 6), AssertionError),
+                       (lambda: FactoredMatrix(A, B) * torch.randn(2), AssertionError),
+                       (lambda: FactoredMatrix(A, B).BA, AssertionError),
+                       (lambda: FactoredMatrix(torch.randn(2, 3, 4), torch.randn(3, 4, 6)), RuntimeError),
+                       (lambda: FactoredMatrix(A[None].expand(2, 3, 4), B) @ torch.randn(3, 6, 2), RuntimeError)]:
+        with pytest.raises(ValueError) as error:
+            call()
+        assert isinstance(error.value, kind) and isinstance(error.value, (ArgumentError, BroadcastError))
+    assert not FactoredMatrix(A, B).has_leading_dims and FactoredMatrix(A, B[None]).has_leading_dims

@@ -131,6 +131,15 @@ def test_backward_hook_sees_autograd_gradient_and_can_replace_it(tiny_model, tin
         tiny_model.zero_grad()
         tiny_model(tiny_tokens, return_type="loss").backward()
     assert not torch.allclose(w.grad, w_grad_plain)
+    zeroed = w.grad.clone()
+    # torch's module-hook form (grad,), which TransformerLens code returns, is the same replacement
+    with tiny_model.hooks(bwd_hooks=[(name, lambda g, hook: (torch.zeros_like(g),))]):
+        tiny_model.zero_grad()
+        tiny_model(tiny_tokens, return_type="loss").backward()
+    assert torch.equal(w.grad, zeroed)
+    with pytest.raises(TypeError, match=r"returned tuple; return a Tensor or None \(or a backward hook's \(grad,\)\)"):
+        with tiny_model.hooks(bwd_hooks=[(name, lambda g, hook: (g, g))]):
+            tiny_model(tiny_tokens, return_type="loss").backward()
     tiny_model.zero_grad(set_to_none=True)
     assert not tiny_model.has_hooks
 

@@ -2,6 +2,7 @@
 prove the checker is really active: a wrong shape at a public boundary fails here, while the same call
 to the undecorated function goes through silently; and the library itself is not decorated."""
 
+import inspect
 import subprocess
 import sys
 from importlib import metadata
@@ -15,6 +16,7 @@ from glassbox import Config
 from glassbox.interp import detection_pattern
 from glassbox.models import LayerNorm, lm_loss
 from glassbox.models.generate import sample_next
+from glassbox.train.sae.losses import batch_metrics
 
 PACKAGE = Path(__file__).resolve().parent.parent / "glassbox"
 
@@ -33,10 +35,14 @@ def test_a_wrong_rank_fails_only_under_the_checker():
 
 
 def test_an_axis_that_disagrees_between_arguments_fails():
+    x, feature_acts = torch.randn(4, 6), torch.randn(5, 9)  # tokens 4 vs 5
+    with pytest.raises(TypeCheckError, match="feature_acts"):
+        batch_metrics(x, x, feature_acts)
+    assert set(inspect.unwrap(batch_metrics)(x, x, feature_acts)) == {"l0", "explained_variance"}  # unchecked: silent
+    # lm_loss checks its own shapes (a ValueError in library use too, where the checker is off)
     logits, tokens = torch.randn(2, 5, 7), torch.randint(0, 7, (2, 4))  # pos 5 vs 4
-    with pytest.raises(TypeCheckError, match="tokens"):
-        lm_loss(logits, tokens)
-    assert lm_loss.__wrapped__(logits, tokens).ndim == 0  # unchecked: a loss over the wrong positions
+    with pytest.raises(ValueError, match=r"logits \(2, 5, 7\) and tokens \(2, 4\) differ"):
+        lm_loss.__wrapped__(logits, tokens)
 
 
 def test_dtypes_and_methods_are_checked_too():

@@ -69,8 +69,15 @@ def test_tl_interpreter_has_transformer_lens_shape_and_the_same_values(model):
     assert torch.equal(ov[:, 0], singular_vocab_directions(model, "OV", 1, 2, k=3))
     assert interp.get_singular_vectors("w_out", 0).shape == (23, 1, 10)
     assert interp.get_singular_vectors("w_in", 0, head_index=1).shape == (23, 1, 10)  # head ignored, as in TL
-    with pytest.raises(ValueError, match="head_index is needed"):
+    with pytest.raises(AssertionError, match="^Head index optional only for w_in and w_out, got OV$") as error:
         interp.get_singular_vectors("OV", 0)
+    assert isinstance(error.value, ValueError)
+    with pytest.raises(AssertionError, match="^Layer index must be between 0 and 1 but got 2$"):
+        interp.get_singular_vectors("w_in", 2)
+    with pytest.raises(AssertionError, match="^Layer index must be between 0 and 1 but got -1$"):
+        interp.get_singular_vectors("OV", -1, head_index=0)
+    with pytest.raises(AssertionError, match="^Head index must be between 0 and 2 but got 3$"):
+        interp.get_singular_vectors("OV", 0, head_index=3)
     with pytest.raises(ValueError, match="Vector type must be in"):
         interp.get_singular_vectors("QK", 0, head_index=0)
 

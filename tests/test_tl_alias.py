@@ -40,6 +40,7 @@ def test_every_submodule_is_registered_under_its_transformer_lens_name():
     assert package is glassbox.tl and sys.modules["transformer_lens"] is glassbox.tl
     expected = {"transformer_lens" + name[len("glassbox.tl"):] for name in glassbox_tl_modules()}
     expected.add("transformer_lens.utilities")  # TransformerLens 3.x's own name for its helpers: glassbox.tl.utils
+    expected.update(f"transformer_lens.{path}" for path in TL_PATHS)
     registered = {k for k in sys.modules if k == "transformer_lens" or k.startswith("transformer_lens.")}
     assert registered == expected
     for name in glassbox_tl_modules():
@@ -56,6 +57,39 @@ def test_every_submodule_is_registered_under_its_transformer_lens_name():
                    "config", "config.hooked_transformer_config", "components.mlps.can_be_used_as_mlp",
                    "HookedRootModule", "cache.key_value_cache", "cache.key_value_cache_entry"):
         assert f"transformer_lens.{module}" in registered, module
+
+
+# TransformerLens's other module paths (2.x and 3.x), written out here, and a name each must give.
+TL_PATHS = {
+    "HookedTransformerConfig": "HookedTransformerConfig", "components.attention": "Attention",
+    "components.embed": "Embed", "components.pos_embed": "PosEmbed", "components.unembed": "Unembed",
+    "components.layer_norm": "LayerNorm", "components.rms_norm": "RMSNorm",
+    "components.transformer_block": "TransformerBlock", "components.mlps.mlp": "MLP",
+    "components.mlps.gated_mlp": "GatedMLP", "utilities.activation_functions": "gelu_new",
+    "utilities.components_utils": "get_act_name", "utilities.defaults_utils": "override_or_use_default_value",
+    "utilities.devices": "get_device", "utilities.exploratory_utils": "test_prompt",
+    "utilities.hf_utils": "keep_single_column", "utilities.initialization_utils": "init_kaiming_normal_",
+    "utilities.library_utils": "is_library_available", "utilities.lm_utils": "lm_cross_entropy_loss",
+    "utilities.matrix": "composition_scores", "utilities.slice": "Slice", "utilities.tensors": "to_numpy",
+    "utilities.tokenize_utils": "get_attention_mask",
+}
+
+
+def test_transformer_lens_2_and_3_module_paths_import():
+    glassbox.tl.as_transformer_lens()
+    from transformer_lens.HookedTransformerConfig import HookedTransformerConfig
+    from transformer_lens.components.mlps.mlp import MLP
+    from transformer_lens.utilities.lm_utils import lm_cross_entropy_loss
+
+    assert HookedTransformerConfig is glassbox.tl.HookedTransformerConfig and MLP is glassbox.tl.components.MLP
+    assert lm_cross_entropy_loss is glassbox.tl.utils.lm_cross_entropy_loss
+    for path, name in TL_PATHS.items():
+        module = importlib.import_module(f"transformer_lens.{path}")
+        assert hasattr(module, name), (path, name)
+    import transformer_lens
+
+    assert isinstance(transformer_lens.HookedTransformerConfig, type)  # the package attribute stays the class
+    assert glassbox.tl.utils.is_library_available("torch") and not glassbox.tl.utils.is_library_available("no_such_x")
 
 
 def test_transformer_lens_code_runs_unchanged():

@@ -477,3 +477,75 @@ def test_load_and_process_state_dict_processes_what_it_is_given_on_a_processed_m
         # processing keeps the predictions: measured 4.8e-7 (log-probs up to 4.2), bound 5e-6: 10x
         diff = (model(x).log_softmax(-1) - base(x).log_softmax(-1)).abs().max()
     assert diff < 5e-6
+
+
+def test_load_and_process_state_dict_refuses_bad_state_dicts_naming_the_key_and_changes_nothing():
+    model = tiny()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg_before = model.cfg.to_dict()
+    good = {k: v.clone() for k, v in model.state_dict().items()}
+    W_U = good.pop("unembed.W_U_T").T.contiguous()  # TransformerLens's layout, [d_model d_vocab]
+    tl_style = {**good, "unembed.W_U": W_U}
+    without = {k: v for k, v in tl_style.items() if k != "blocks.1.attn.W_Q"}
+    cases = [
+        (without, KeyError, r"missing blocks.1.attn.W_Q"),
+        ({**tl_style, "blocks.9.attn.W_Q": good["blocks.0.attn.W_Q"]}, KeyError, r"unexpected.*blocks.9.attn.W_Q"),
+        ({**tl_style, "blocks.0.attn.W_Q": torch.randn(3, 24, 7)}, ValueError,
+         r"blocks.0.attn.W_Q.*\(3, 24, 7\).*\(3, 24, 8\)"),
+        ({**tl_style, "unembed.W_U": torch.randn(24, 50)}, ValueError, r"unembed.W_U.*\(24, 50\).*\(24, 53\)"),
+        ({**tl_style, "unembed.W_U": torch.randn(24)}, ValueError, r"unembed.W_U.*\(24,\).*\(24, 53\)"),
+        ({**tl_style, "blocks.0.mlp.b_in": 3}, TypeError, r"blocks.0.mlp.b_in.*int"),
+        ({**tl_style, "blocks.0.mlp.W_in": good["blocks.0.mlp.W_in"].long()}, ValueError,
+         r"blocks.0.mlp.W_in.*torch.int64"),
+        ({**tl_style, "blocks.1.ln2.w": torch.full((24,), float("nan"))}, ValueError, r"blocks.1.ln2.w.*nan"),
+        ([1, 2], TypeError, r"state_dict must be a mapping.*list"),
+    ]
+    for state, kind, message in cases:
+        with pytest.raises(kind, match=message):
+            model.load_and_process_state_dict(state)
+        after = model.state_dict()
+        assert all(torch.equal(after[k], v) for k, v in before.items()), message  # nothing half-loaded
+        assert model.cfg.to_dict() == cfg_before and model.processing == ()
+    model.load_and_process_state_dict(tl_style)  # the same state dict, unharmed, loads
+    assert model.cfg.normalization_type == "LNPre"
+
+
+def test_the_model_owns_a_tokenizer_copy_with_transformer_lens_conventions():
+    from glassbox.models import gpt2_tokenizer
+    from glassbox.models.tokenize import tokenizer_copy
+
+    shared = gpt2_tokenizer()
+    own = tokenizer_copy(shared)
+    own.pad_token, own.padding_side = own.eos_token, "left"
+    assert shared.pad_token is None and shared.padding_side == "right"  # the original is untouched
+    assert own("Elizabeth read").input_ids == shared("Elizabeth read").input_ids
+    model = tl.HookedTransformer(tl.HookedTransformerConfig(**{**BASE, "d_vocab": 50257, "act_fn": "relu"}))
+    assert model.tokenizer is not shared and model.tokenizer.pad_token_id == shared.eos_token_id == 50256
+    prompts = ["a b c d", "a"]
+    assert model.to_tokens(prompts)[1].tolist() == [50256, 64, 50256, 50256, 50256]  # right: the default
+    model.tokenizer.padding_side = "left"  # as in TransformerLens, the model pads on its tokenizer's side
+    assert model.default_padding_side == "left"
+    assert model.to_tokens(prompts)[1].tolist() == [50256, 50256, 50256, 50256, 64]
+    assert shared.padding_side == "right" and shared.pad_token is None
+    model.default_padding_side = "right"
+    assert model.tokenizer.padding_side == "right"
+    with pytest.raises(ValueError, match="padding_side"):
+        model.default_padding_side = "middle"
+
+
+def test_run_with_cache_from_a_residual_stream_and_negative_start_at_layer():
+    model = tiny(n_layers=3)
+    x = toks(2, 7)
+    with torch.no_grad():
+        logits, full = model.run_with_cache(x)
+        for start in (1, -2, -1):  # -2 is block 1, -1 block 2 (TransformerLens slices the blocks)
+            block = start % 3
+            out, cache = model.run_with_cache(full["resid_pre", block], start_at_layer=start)
+            # the rest of the same forward: measured 0.0 (logits up to 2.7), bound 1e-5
+            assert float((out - logits).abs().max()) < 1e-5, start
+            assert f"blocks.{block}.hook_resid_pre" in cache and f"blocks.{block - 1}.hook_resid_pre" not in cache
+            torch.testing.assert_close(model(full["resid_pre", block], start_at_layer=start), out, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match=r"residual stream \[batch pos d_model\], got \(2, 7\)"):
+        model.run_with_cache(x, start_at_layer=1)
+    with pytest.raises(ValueError, match="start_at_layer=-4"):
+        model(full["resid_pre", 0], start_at_layer=-4)

@@ -301,3 +301,33 @@ def test_download_file_from_hf_reads_the_cache_only(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(FileNotFoundError, match="not in the local Hugging Face cache"):
         utils.download_file_from_hf("nobody/no-such-repo", "cfg.json", cache_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("fn", ["lm_cross_entropy_loss", "lm_accuracy"])
+def test_loss_and_accuracy_refuse_bad_shapes_and_ids_naming_them(fn):
+    call = getattr(utils, fn)
+    logits = torch.randn(2, 7, 53)
+    good = torch.randint(0, 53, (2, 7), generator=torch.Generator().manual_seed(0))
+    cases = [
+        (torch.zeros(2, 6, dtype=torch.long), r"logits \(2, 7, 53\) and tokens \(2, 6\) differ in \[batch pos\]"),
+        (torch.zeros(3, 7, dtype=torch.long), r"logits \(2, 7, 53\) and tokens \(3, 7\) differ"),
+        (good.index_put((torch.tensor([1]), torch.tensor([3])), torch.tensor(99)),
+         r"token id 99 \(a target.*\[0, d_vocab=53\)"),
+        (good.index_put((torch.tensor([0]), torch.tensor([6])), torch.tensor(-1)), r"token id -1 \(a target"),
+        (good.float(), r"tokens must be an integer tensor.*torch.float32"),
+    ]
+    for tokens, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call(logits, tokens)
+    with pytest.raises(ValueError, match=r"logits must be \[batch pos d_vocab\], got \(7, 53\)"):
+        call(logits[0], good[0])
+    # the first token is never a target: an id outside the vocabulary there is not read
+    first = good.clone()
+    first[:, 0] = 99
+    assert torch.equal(call(logits, first), call(logits, good))
+
+
+def test_loss_mask_of_the_wrong_shape_is_transformer_lens_assertion():
+    with pytest.raises(AssertionError, match="attention_mask must have the same shape as tokens") as error:
+        utils.lm_cross_entropy_loss(torch.randn(1, 3, 5), torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 2))
+    assert isinstance(error.value, ValueError)

@@ -229,3 +229,32 @@ def test_n_params_total_equals_transformer_lens_s():
     ours = gtl.HookedTransformer(gtl.HookedTransformerConfig(**kwargs))
     theirs = TL.HookedTransformer(TL.HookedTransformerConfig(**kwargs))
     assert ours.n_params_total == theirs.n_params_total
+
+
+@pytest.mark.parametrize("edit, theirs_raise, kind, words", [
+    (lambda sd: sd.update({"unembed.W_U": sd["unembed.W_U"][:, :50]}), RuntimeError, ValueError,
+     r"unembed.W_U.*\(24, 50\).*\(24, 50257\)"),
+    (lambda sd: sd.pop("blocks.1.mlp.W_out"), ValueError, KeyError, r"missing blocks.1.mlp.W_out"),
+    (lambda sd: sd.update({"blocks.7.attn.W_Q": sd["blocks.0.attn.W_Q"]}), None, KeyError,
+     r"unexpected blocks.7.attn.W_Q"),
+])
+def test_a_bad_transformer_lens_state_dict_is_refused_naming_the_key_before_anything_changes(edit, theirs_raise, kind,
+                                                                                          words):
+    model = tiny_model(3)
+    twin = tl_twin(model)
+    kwargs = {k: v for k, v in tl_config(model.cfg).to_dict().items() if k not in ("n_params", "device")}
+    state = dict(twin.state_dict())
+    edit(state)
+    theirs = TL.HookedTransformer(tl_config(model.cfg))
+    if theirs_raise is None:  # TransformerLens ignores a key no parameter has
+        theirs.load_and_process_state_dict(dict(state))
+    else:  # torch's broadcast error; for a missing weight a ValueError, which ours is too
+        with pytest.raises(theirs_raise):
+            theirs.load_and_process_state_dict(dict(state))
+    ours = gtl.HookedTransformer(gtl.HookedTransformerConfig(**kwargs))
+    before = {k: v.clone() for k, v in ours.state_dict().items()}
+    with pytest.raises(kind, match=words) as error:
+        ours.load_and_process_state_dict(state)
+    assert isinstance(error.value, ValueError)
+    assert all(torch.equal(v, before[k]) for k, v in ours.state_dict().items())
+    assert ours.cfg.normalization_type == "LN" and ours.processing == ()

@@ -190,3 +190,50 @@ def test_svd_interpreter_equals_transformer_lens_up_to_sign(pair, kind, layer, h
     signs = torch.sign((got * expected).sum(0, keepdim=True))
     # measured 5.7e-7 (values up to 0.76; OV from two SVD algorithms), bound 6e-6: 10x
     assert max_diff(got * signs, expected) < 6e-6, kind
+
+
+@pytest.mark.parametrize("args", [dict(vector_type="OV", layer_index=0), dict(vector_type="w_in", layer_index=2),
+                                  dict(vector_type="OV", layer_index=-1, head_index=0),
+                                  dict(vector_type="OV", layer_index=1, head_index=3),
+                                  dict(vector_type="QK", layer_index=0, head_index=0),
+                                  dict(vector_type="QK", layer_index=0)])
+def test_svd_interpreter_errors_are_transformer_lens_types_and_words(pair, args):
+    model, twin = pair
+    with pytest.raises(Exception) as theirs:
+        TLSVDInterpreter(twin).get_singular_vectors(num_vectors=3, **args)
+    with pytest.raises(ValueError) as ours:
+        SVDInterpreter(model).get_singular_vectors(num_vectors=3, **args)
+    assert isinstance(ours.value, type(theirs.value)) and str(ours.value) == str(theirs.value)
+
+
+def detect_errors(model, case):
+    n = model.cfg.n_ctx
+    pos = model.to_tokens(TEXT).shape[-1]
+    upper = torch.tril(torch.ones(pos, pos))
+    upper[0, 1] = 1.0
+    return {
+        "empty": dict(seq="", detection_pattern="previous_token_head"),
+        "too_long": dict(seq="a " * n, detection_pattern="previous_token_head"),
+        "not_square": dict(seq=TEXT, detection_pattern=torch.ones(4, 4)),
+        "not_lower": dict(seq=TEXT, detection_pattern=upper),
+        "bad_name": dict(seq=TEXT, detection_pattern="test"),
+        "bad_measure": dict(seq=TEXT, detection_pattern="induction_head", error_measure="max"),
+        "cache_with_list": dict(seq=PROMPTS, detection_pattern="induction_head", cache={}),
+    }[case]
+
+
+@pytest.mark.parametrize("case", ["empty", "too_long", "not_square", "not_lower", "bad_name", "bad_measure",
+                                  "cache_with_list"])
+def test_detect_head_errors_are_transformer_lens_types_and_words(gpt2_pair, case):
+    model, twin = gpt2_pair
+    kwargs = detect_errors(model, case)
+    with pytest.raises(Exception) as theirs:
+        tl_heads.detect_head(twin, **kwargs)
+    with pytest.raises(ValueError) as ours:
+        head_detector.detect_head(model, **kwargs)
+    assert isinstance(ours.value, type(theirs.value)), (type(ours.value).__mro__, type(theirs.value))
+    if case in ("not_square", "not_lower"):  # the shapes are printed by each library's own tensor type
+        assert str(theirs.value).startswith("The detection pattern must be a lower triangular")
+        assert str(ours.value).startswith("The detection pattern must be a lower triangular")
+    else:
+        assert str(ours.value) == str(theirs.value)

@@ -166,6 +166,8 @@ class HookPoint(nn.Module):
     def _run_bwd_hooks(self, grad: Tensor) -> Tensor:
         for registration in list(self.bwd_hooks):
             out = registration.fn(grad, hook=self)
+            if isinstance(out, tuple) and len(out) == 1:  # (grad,): torch's module-hook form, as TransformerLens
+                out = out[0]
             if out is not None:
                 self._check_replacement(grad, out, "backward hook")
                 grad = out
@@ -173,7 +175,8 @@ class HookPoint(nn.Module):
 
     def _check_replacement(self, old: Tensor, new, kind: str) -> None:
         if not isinstance(new, Tensor):
-            raise TypeError(f"{kind} at {self.name} returned {type(new).__name__}; return a Tensor or None")
+            raise TypeError(f"{kind} at {self.name} returned {type(new).__name__}; return a Tensor or None"
+                            + (" (or a backward hook's (grad,))" if kind == "backward hook" else ""))
         if new.shape != old.shape or new.dtype != old.dtype:
             raise ValueError(
                 f"{kind} at {self.name} returned shape {tuple(new.shape)} {new.dtype}, "

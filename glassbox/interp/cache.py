@@ -44,7 +44,7 @@ import warnings
 from typing import Callable, Optional, Sequence, Union
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..models.devices import hook_device, plan_of
@@ -127,7 +127,8 @@ def _axis_size(axis: str, sizes: dict, cfg, name: str) -> int:
     return value
 
 
-def run_with_cache(model, input: Union[str, list, Int[Tensor, "batch pos"]], names_filter: NamesFilter = None, device=None,
+def run_with_cache(model, input: Union[str, list, Int[Tensor, "batch pos"], Float[Tensor, "batch pos d_model"]],
+                   names_filter: NamesFilter = None, device=None,
                    dtype: Optional[torch.dtype] = None, remove_batch_dim: bool = False, incl_bwd: bool = False,
                    stop_at_layer: Optional[int] = None, return_type: Optional[str] = "logits",
                    attention_mask: Optional[Tensor] = None, prepend_bos: Optional[bool] = None,
@@ -135,7 +136,8 @@ def run_with_cache(model, input: Union[str, list, Int[Tensor, "batch pos"]], nam
     """Run the model and cache activations: returns (output, ActivationCache).
 
     Args:
-        input: token ids [batch pos], a string or a list of strings (padded, with a mask).
+        input: token ids [batch pos], a string or a list of strings (padded, with a mask); with
+            ``start_at_layer`` (a forward keyword) the residual stream entering that block [batch pos d_model].
         names_filter: which hooks to cache (see module docstring).
         device, dtype: where and how each activation is stored, applied as it is cached.
         remove_batch_dim: drop the batch axis (batch size must be 1).
@@ -152,13 +154,22 @@ def run_with_cache(model, input: Union[str, list, Int[Tensor, "batch pos"]], nam
             device = torch.device(device)
         except (RuntimeError, TypeError) as err:
             raise ValueError(f"device {device!r} is not a torch device: {err}") from None
-    tokens, attention_mask = model.input_to_tokens(input, attention_mask, prepend_bos, padding_side)
+    if forward_kwargs.get("start_at_layer") is not None:
+        # the input is the residual stream entering that block [batch pos d_model] (the forward checks it);
+        # the cache's tokens are the forward's tokens= (for a loss), if given
+        if not isinstance(input, Tensor) or input.ndim != 3:
+            got = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
+            raise ValueError(f"with start_at_layer, input is the residual stream [batch pos d_model], got {got}")
+        run_input, tokens, shape = input, forward_kwargs.get("tokens"), tuple(input.shape[:2])
+    else:
+        tokens, attention_mask = model.input_to_tokens(input, attention_mask, prepend_bos, padding_side)
+        run_input, shape = tokens, tuple(tokens.shape)
     names = resolve_names(model, names_filter)
-    _check_budget(model, tokens, names, device, dtype, incl_bwd, check_memory)
+    _check_budget(model, shape, names, device, dtype, incl_bwd, check_memory)
     if stop_at_layer is not None and names_filter is not None and not callable(names_filter):
         _check_reachable(names, stop_at_layer, model.cfg.n_layers)
-    if remove_batch_dim and tokens.shape[0] != 1:
-        raise ValueError(f"remove_batch_dim needs a batch of 1, got {tokens.shape[0]} sequences")
+    if remove_batch_dim and shape[0] != 1:
+        raise ValueError(f"remove_batch_dim needs a batch of 1, got {shape[0]} sequences")
     if incl_bwd and (stop_at_layer is not None):
         raise ValueError("incl_bwd needs the loss, so it cannot be combined with stop_at_layer")
 
@@ -195,10 +206,10 @@ def run_with_cache(model, input: Union[str, list, Int[Tensor, "batch pos"]], nam
     kwargs = dict(attention_mask=attention_mask, stop_at_layer=stop_at_layer, **forward_kwargs)
     with model.hooks(fwd, bwd):
         if incl_bwd:
-            output = _forward_backward(model, tokens, return_type, kwargs)
+            output = _forward_backward(model, run_input, return_type, kwargs)
         else:
             try:
-                output = model(tokens, return_type=forward_type, **kwargs)
+                output = model(run_input, return_type=forward_type, **kwargs)
             except _StopForward:
                 output = None
             if return_type is None:
@@ -208,7 +219,7 @@ def run_with_cache(model, input: Union[str, list, Int[Tensor, "batch pos"]], nam
     return output, cache
 
 
-def _forward_backward(model, tokens: Tensor, return_type: Optional[str], kwargs: dict):
+def _forward_backward(model, tokens, return_type: Optional[str], kwargs: dict):
     """Forward with the loss, then backward through it without touching any parameter's .grad."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
@@ -221,13 +232,12 @@ def _forward_backward(model, tokens: Tensor, return_type: Optional[str], kwargs:
     return {"logits": logits, "loss": loss, "both": (logits, loss), None: None}[return_type]
 
 
-def _check_budget(model, tokens: Tensor, names: list, device, dtype, incl_bwd: bool, check_memory: bool) -> None:
+def _check_budget(model, shape: tuple, names: list, device, dtype, incl_bwd: bool, check_memory: bool) -> None:
     # Hook points added to a built model (a spliced SAE's, say) have no HOOK_SHAPES entry: their sizes
     # are unknown, so the check counts the others (cache_size itself refuses such names).
     flags = getattr(model, "hook_flags", None)
     names = [name for name in names if _has_shape(name, flags, model.cfg)]
-    size = cache_size(model, tokens.shape, names, dtype, incl_bwd)
-    shape = tuple(tokens.shape)
+    size = cache_size(model, shape, names, dtype, incl_bwd)
     if device is not None or plan_of(model) is None:
         groups = {device if device is not None else next(model.parameters()).device: names}
     else:  # left in place on a model placed across devices: each activation stays on its part's device
@@ -235,7 +245,7 @@ def _check_budget(model, tokens: Tensor, names: list, device, dtype, incl_bwd: b
         for name in names:
             groups.setdefault(hook_device(model, name), []).append(name)
     for where, group in groups.items():
-        part = size if len(groups) == 1 else cache_size(model, tokens.shape, group, dtype, incl_bwd)
+        part = size if len(groups) == 1 else cache_size(model, shape, group, dtype, incl_bwd)
         free = available_bytes(where) if check_memory else None
         if free is not None and part > free:
             raise CacheMemoryError(

@@ -21,6 +21,10 @@ broadcast views of one leading shape), so ``FactoredMatrix(model.W_V, model.W_O)
   with two more rows and columns (rdim). A row or column index is an int (kept as a dim of size 1, as
   in TransformerLens), a slice, or a 1-d list or tensor of indices; ``...`` expands as for a tensor.
 
+Errors: a bad shape is a ValueError naming both shapes; where TransformerLens asserts (inner dims,
+``*`` of a non-scalar, ``BA`` of a non-square M) it is also an AssertionError, and where it raises
+RuntimeError (leading dims that do not broadcast) also a RuntimeError (``glassbox.hooks.errors``).
+
 Footguns:
 - ``svd()`` (and so U, S, V, norm, make_even, collapse_l, collapse_r) costs about
   O(ldim mdim k + mdim rdim k) per leading index: cheap when mdim is small (d_head against d_model),
@@ -38,12 +42,15 @@ Footguns:
 """
 
 import operator
+import warnings
 from functools import cached_property
 from typing import Tuple, Union
 
 import torch
 from jaxtyping import Complex, Float
 from torch import Tensor
+
+from ..hooks.errors import ArgumentError, BroadcastError
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -56,7 +63,7 @@ def _leading(first: tuple, second: tuple, what: str) -> torch.Size:
     try:
         return torch.broadcast_shapes(torch.Size(first), torch.Size(second))
     except RuntimeError:
-        raise ValueError(f"{what}: leading dims {first} and {second} do not broadcast") from None
+        raise BroadcastError(f"{what}: Shape mismatch: leading dims {first} and {second} do not broadcast") from None
 
 
 def _full(x: Tensor) -> Tensor:
@@ -72,8 +79,8 @@ class FactoredMatrix:
                 got = _shape(x) if isinstance(x, Tensor) else type(x).__name__
                 raise ValueError(f"FactoredMatrix: {name} must be a tensor of at least 2 dims, got {got}")
         if A.shape[-1] != B.shape[-2]:
-            raise ValueError(f"FactoredMatrix: inner dims differ: A {_shape(A)} has mdim {A.shape[-1]}, "
-                             f"B {_shape(B)} has {B.shape[-2]}")
+            raise ArgumentError(f"FactoredMatrix: inner dims differ: A {_shape(A)} has mdim {A.shape[-1]}, "
+                                f"B {_shape(B)} has {B.shape[-2]} (the factors must match on inner dimension)")
         if A.dtype != B.dtype or A.device != B.device:
             raise ValueError(f"FactoredMatrix: A is {A.dtype} on {A.device}, B {B.dtype} on {B.device}; "
                              "the factors must agree")
@@ -144,7 +151,7 @@ class FactoredMatrix:
     @staticmethod
     def _check_inner(left: int, right: int, what: str) -> None:
         if left != right:
-            raise ValueError(f"{what}: inner dims differ ({left} against {right})")
+            raise ArgumentError(f"{what}: inner dims differ ({left} against {right})")
 
     def __mul__(self, scalar: Union[int, float, Tensor]) -> "FactoredMatrix":
         """M * scalar (a number or a one-element tensor); scales A."""
@@ -152,7 +159,7 @@ class FactoredMatrix:
             return NotImplemented
         if isinstance(scalar, Tensor):
             if scalar.numel() != 1:
-                raise ValueError(f"{self!r} * tensor {_shape(scalar)}: * takes a scalar; use @ for a product")
+                raise ArgumentError(f"{self!r} * tensor {_shape(scalar)}: * takes a scalar; use @ for a product")
             scalar = scalar.reshape(())
         return FactoredMatrix(self.A * scalar, self.B)
 
@@ -168,7 +175,7 @@ class FactoredMatrix:
     def BA(self) -> Float[Tensor, "... mdim mdim"]:
         """B @ A [... mdim mdim]; defined only when M is square (ldim == rdim)."""
         if self.ldim != self.rdim:
-            raise ValueError(f"BA needs a square matrix (ldim == rdim), this is {self!r}")
+            raise ArgumentError(f"BA needs a square matrix (ldim == rdim), this is {self!r}")
         return self.B @ self.A
 
     @property
@@ -199,6 +206,18 @@ class FactoredMatrix:
     @property
     def V(self) -> Float[Tensor, "... rdim k"]:
         return self.svd()[2]
+
+    @property
+    def Vh(self) -> Float[Tensor, "... rdim k"]:
+        """TransformerLens's deprecated name for ``V`` (it has always returned V, not V's transpose)."""
+        warnings.warn("FactoredMatrix.Vh is V (the right singular vectors), not its transpose: use .V",
+                      DeprecationWarning, stacklevel=2)
+        return self.V
+
+    @property
+    def has_leading_dims(self) -> bool:
+        """Whether M has leading dims (either factor had more than two)."""
+        return len(self.shape) > 2
 
     @property
     def eigenvalues(self) -> Complex[Tensor, "... mdim"]:

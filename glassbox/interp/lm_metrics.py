@@ -7,20 +7,22 @@ first token is never predicted and the last position's logits have no target.
 from typing import Optional
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float, Shaped
 from torch import Tensor
 
+from ..models.loss import check_lm_targets
 
-def next_token_accuracy(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"],
+
+def next_token_accuracy(logits: Float[Tensor, "..."], tokens: Shaped[Tensor, "..."],
                         per_token: bool = False, attention_mask: Optional[Tensor] = None) -> Tensor:
     """Whether the top logit at each position is the next token.
 
-    Returns [batch pos-1] bools with ``per_token``, else the fraction correct as a float scalar: over
-    every (position, next token) pair, or, with ``attention_mask`` [batch pos], over the pairs whose
+    ``logits`` [batch pos d_vocab], ``tokens`` [batch pos] (see ``check_lm_targets``). Returns [batch
+    pos-1] bools with ``per_token``, else the fraction correct as a float scalar: over every (position,
+    next token) pair, or, with ``attention_mask`` [batch pos], over the pairs whose
     token and next token are both real. Ties in the top logit go to the lowest id (``argmax``).
     """
-    if logits.shape[:2] != tokens.shape:
-        raise ValueError(f"logits {tuple(logits.shape)} and tokens {tuple(tokens.shape)} differ in [batch pos]")
+    check_lm_targets(logits, tokens, "accuracy")
     if tokens.shape[1] < 2:
         raise ValueError("accuracy needs at least 2 tokens per sequence (position p predicts token p + 1)")
     correct = logits[:, :-1].argmax(dim=-1) == tokens[:, 1:]

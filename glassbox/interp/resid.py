@@ -28,6 +28,8 @@ stream is renormalised in every block, so it is not a sum of component outputs);
 decomposition returns the linear parts only (the bias is ``incl_bias`` of ``apply_ln_to_stack``).
 """
 
+from numbers import Integral
+
 import torch
 from einops import einsum
 from jaxtyping import Float, Int
@@ -127,7 +129,7 @@ def accumulated_resid(cache, layer=None, incl_mid: bool = False, apply_ln: bool 
             labels.append(f"{l}_mid")
     stack = torch.stack([slice_pos(cache, t, pos_slice) for t in tensors])
     if apply_ln:
-        stack = apply_ln_to_stack(cache, stack, layer, mlp_input=mlp_input, recompute_ln=True)
+        stack = apply_ln_to_stack(cache, stack, layer, mlp_input=mlp_input, pos_slice=pos_slice, recompute_ln=True)
     return (stack, labels) if return_labels else stack
 
 
@@ -238,10 +240,10 @@ def with_remainder(cache, stack: Tensor, labels: list, layer: int, pos_slice: Po
 
 
 # -- norms and attribution ---------------------------------------------------------------------
-def apply_ln_to_stack(cache, residual_stack: Float[Tensor, "component ..."], layer=None,
+def apply_ln_to_stack(cache, residual_stack: Float[Tensor, "*stack d_model"], layer=None,
                       mlp_input: bool = False, pos_slice: PosSlice = None, batch_slice=None,
                       has_batch_dim: bool = True, recompute_ln: bool = False, incl_bias: bool = False,
-                      affine: bool = True) -> Float[Tensor, "component_out ..."]:
+                      affine: bool = True) -> Float[Tensor, "*stack_out d_model"]:
     """Apply the norm that reads the stream at ``layer`` (ln_final when None or -1) to a stack.
 
     Default: the stack is a decomposition, so each component is centred (LayerNorm; RMSNorm does not
@@ -258,10 +260,24 @@ def apply_ln_to_stack(cache, residual_stack: Float[Tensor, "component ..."], lay
     ``batch_slice`` picks sequences of the stack (its axis 1, when ``has_batch_dim``) and of the cached
     scale (when the cache has a batch axis); ``has_batch_dim=False`` says the stack has no batch axis,
     so only the scale is cut (to the one sequence the stack belongs to).
+
+    The stack's last axis must be d_model. A stack with no component axis (``[batch d_model]`` at
+    ``pos_slice=-1``: one stream per position, its leading axes those of the cached scale) is treated as
+    a stack of one component and comes back without that axis, ``incl_bias`` adding b in; anything
+    else whose leading axes are not the scale's is refused, naming both.
     """
     if incl_bias and not affine:
         raise ValueError("incl_bias appends the norm's bias b, which affine=False leaves out")
+    check_width(cache, residual_stack)
     norm, scale_name = norm_at(cache, layer, mlp_input)
+    scale = None
+    if not recompute_ln or (batch_slice is not None and scale_name in cache):  # recompute: the form cuts the batch
+        scale = cached_scale(cache, scale_name, pos_slice, batch_slice)
+    if scale is not None and not has_component_axis(residual_stack, scale, scale_name, batch_slice, has_batch_dim):
+        # one stream per position ([batch d_model] with pos_slice=-1): a stack of one component
+        one = apply_ln_to_stack(cache, residual_stack[None], layer, mlp_input, pos_slice, batch_slice,
+                                has_batch_dim, recompute_ln, incl_bias, affine)
+        return one.sum(0) if incl_bias else one[0]
     stack = residual_stack
     if has_batch_dim:
         stack = index_axis(stack, batch_slice, 1, "batch_slice")
@@ -278,23 +294,65 @@ def apply_ln_to_stack(cache, residual_stack: Float[Tensor, "component ..."], lay
         # the mean square in float32 for half-precision streams (above 65504 it is inf in float16)
         wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         return x / (wide.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt().to(x.dtype) * w + b
-    scale = slice_pos(cache, cache[scale_name], pos_slice).to(stack.device, stack.dtype)
-    if cache.has_batch_dim:
-        scale = index_axis(scale, batch_slice, 0, "batch_slice")
-    if scale.shape[:-1] != stack.shape[1:-1]:
-        raise ValueError(f"the stack's batch/pos axes {tuple(stack.shape[1:-1])} do not match the cached scale "
-                         f"{tuple(scale.shape[:-1])} of {scale_name}; pass the pos_slice (and batch_slice) the "
-                         "stack was cut with")
+    scale = scale.to(stack.device, stack.dtype)
     out = x / scale * w if affine else x / scale
     if incl_bias:
         out = torch.cat([out, b.expand(1, *out.shape[1:])])
     return out
 
 
-def logit_attrs(cache, residual_stack: Float[Tensor, "component ..."], tokens, incorrect_tokens=None,
+def check_width(cache, residual_stack: Tensor) -> None:
+    """A stack of residual-stream vectors ends in d_model; else a ValueError naming both widths."""
+    cfg = cache.model.cfg
+    if not isinstance(residual_stack, Tensor):
+        raise TypeError(f"residual_stack must be a tensor [component *batch_and_pos d_model], got "
+                        f"{type(residual_stack).__name__}")
+    if residual_stack.ndim == 0:
+        raise ValueError(f"residual_stack must end in the residual stream's axis (d_model={cfg.d_model}), got a 0-d "
+                         "tensor")
+    width = residual_stack.shape[-1]
+    if width != cfg.d_model:
+        d_mlp = getattr(cfg, "d_mlp", None)
+        hint = (" (d_mlp: neuron activations, not their writes to the residual stream; get_neuron_results or "
+                "stack_neuron_results give those)") if width == d_mlp else ""
+        raise ValueError(f"residual_stack {tuple(residual_stack.shape)} is {width} wide, but the residual stream "
+                         f"is d_model={cfg.d_model} wide{hint}")
+
+
+def cached_scale(cache, scale_name: str, pos_slice: PosSlice, batch_slice) -> Tensor:
+    """The cached scale [*batch_and_pos 1] at the positions and sequences a stack was cut to."""
+    scale = slice_pos(cache, cache[scale_name], pos_slice)
+    return index_axis(scale, batch_slice, 0, "batch_slice") if cache.has_batch_dim else scale
+
+
+def has_component_axis(stack: Tensor, scale: Tensor, scale_name: str, batch_slice, has_batch_dim: bool) -> bool:
+    """Whether ``stack`` is [component *lead d_model] (True) or [*lead d_model] (False), where ``lead`` is
+    the batch/pos axes of the cached ``scale`` [*lead 1] (already cut by pos_slice and batch_slice)."""
+    cut = has_batch_dim and (isinstance(batch_slice, Integral) or (isinstance(batch_slice, Tensor)
+                                                                    and batch_slice.ndim == 0))
+    lead, ndim = tuple(scale.shape[:-1]), stack.ndim - (1 if cut else 0)
+    if ndim == len(lead) + 2:
+        cut_stack = index_axis(stack, batch_slice, 1, "batch_slice") if has_batch_dim else stack
+        if tuple(cut_stack.shape[1:-1]) == lead:
+            return True
+        got = tuple(cut_stack.shape[1:-1])
+    elif ndim == len(lead) + 1 and ndim >= 1:
+        cut_stack = index_axis(stack, batch_slice, 0, "batch_slice") if has_batch_dim else stack
+        if tuple(cut_stack.shape[:-1]) == lead:
+            return False
+        got = tuple(cut_stack.shape[:-1])
+    else:
+        got = tuple(stack.shape)
+    axes = "".join(f"{n} " for n in lead)
+    raise ValueError(f"residual_stack {tuple(stack.shape)}: its batch/pos axes {got} do not match the cached scale "
+                     f"{lead} of {scale_name}, as [component {axes}d_model] or [{axes}d_model]; pass the pos_slice "
+                     "(and batch_slice, has_batch_dim) the stack was cut with")
+
+
+def logit_attrs(cache, residual_stack: Float[Tensor, "*stack d_model"], tokens, incorrect_tokens=None,
                 pos_slice: PosSlice = None, batch_slice=None, has_batch_dim: bool = True,
                 incl_bias: bool = True, affine: bool = True,
-                pre_cap: bool = False) -> Float[Tensor, "component_out ..."]:
+                pre_cap: bool = False) -> Float[Tensor, "*attrs"]:
     """Direct logit attribution: each component's share of the logit of ``tokens``.
 
     A model with ``cfg.output_logits_soft_cap`` (Gemma 2) computes its logits as cap * tanh(x / cap)
@@ -310,7 +368,9 @@ def logit_attrs(cache, residual_stack: Float[Tensor, "component ..."], tokens, i
 
     ``tokens``: a str or int (one token everywhere), or a tensor whose shape is a prefix of the
     stack's batch/pos axes (e.g. [batch] for a stack at one position, [batch pos] for all). Ids must
-    lie in [0, d_vocab): a negative id is refused, not read from the end of the vocabulary.
+    lie in [0, d_vocab): a negative id is refused, not read from the end of the vocabulary. A stack with no
+    component axis (one stream per position) gives its attribution without that axis, the bias row
+    added in with ``incl_bias``.
     """
     # a TransformerLens-style config reads -1.0 for "no cap" under this name: ask the glassbox Config
     cap = getattr(getattr(cache.model.cfg, "glassbox", cache.model.cfg), "output_logits_soft_cap", None)
@@ -318,6 +378,14 @@ def logit_attrs(cache, residual_stack: Float[Tensor, "component ..."], tokens, i
         raise ValueError(f"the model soft-caps its logits (output_logits_soft_cap={cap}): cap * tanh(x / cap) is "
                          "not linear, so components have no exact share of the logits; pass pre_cap=True to "
                          "attribute the uncapped logits (unembed.hook_pre_cap), which the rows then sum to")
+    check_width(cache, residual_stack)
+    scale_name = norm_at(cache, None)[1]
+    scale = cached_scale(cache, scale_name, pos_slice, batch_slice)
+    if not has_component_axis(residual_stack, scale, scale_name, batch_slice, has_batch_dim):
+        # one stream per position: its attribution, the bias row added in with incl_bias
+        one = logit_attrs(cache, residual_stack[None], tokens, incorrect_tokens, pos_slice, batch_slice,
+                          has_batch_dim, incl_bias, affine, pre_cap)
+        return one.sum(0) if incl_bias else one[0]
     scaled = apply_ln_to_stack(cache, residual_stack, None, pos_slice=pos_slice, batch_slice=batch_slice,
                                has_batch_dim=has_batch_dim, incl_bias=incl_bias, affine=affine)
     ids = _token_ids(cache.model, tokens, scaled.device)

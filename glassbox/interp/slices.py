@@ -75,7 +75,10 @@ def index_axis(t: Tensor, index: Index, dim: int, arg: str) -> Tensor:
     if isinstance(index, slice):
         return t[(slice(None),) * (dim % t.ndim) + (index,)]
     if isinstance(index, (Integral, np.integer)) or (isinstance(index, Tensor) and index.ndim == 0):
-        return t.select(dim, as_int(index, arg))
+        i, size = as_int(index, arg), t.shape[dim]
+        if not -size <= i < size:
+            raise IndexError(f"{arg} index {i} is outside an axis of size {size}")
+        return t.select(dim, i)
     return t.index_select(dim, positions(index, t.shape[dim], t.device, arg))
 
 

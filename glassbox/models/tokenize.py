@@ -62,6 +62,19 @@ def gpt2_tokenizer():
     return GPT2TokenizerFast.from_pretrained(str(GPT2_TOKENIZER_DIR))
 
 
+def tokenizer_copy(tokenizer):
+    """A copy of a Hugging Face tokenizer whose settings (``padding_side``, special tokens) change without
+    changing the original's; the vocabulary and the compiled backend are shared, so it is cheap (a deep
+    copy of GPT-2's takes most of a second). Other objects are deep-copied."""
+    import copy
+
+    if not hasattr(tokenizer, "_special_tokens_map"):
+        return copy.deepcopy(tokenizer)
+    own = copy.copy(tokenizer)
+    own.__dict__.update({k: copy.copy(v) for k, v in tokenizer.__dict__.items() if isinstance(v, (dict, list, set))})
+    return own
+
+
 class TokenizerMixin:
     """Text <-> token methods for a model with ``cfg`` and an optional ``_tokenizer``."""
 

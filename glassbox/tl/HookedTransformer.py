@@ -19,7 +19,8 @@ glassbox method are glassbox's own; only the surface differs. ``model.cfg`` is a
 - ``forward`` takes TransformerLens's positional order (input, return_type, loss_per_token,
   prepend_bos, padding_side, start_at_layer, tokens, shortformer_pos_embed, attention_mask,
   stop_at_layer, past_kv_cache); ``padding_side=None`` (also in ``to_tokens``) is the model's
-  ``default_padding_side``. ``run_with_cache`` takes TransformerLens's arguments (``tl_run_with_cache``).
+  ``default_padding_side``, its tokenizer's ``padding_side``: the model owns a copy of its tokenizer, with
+  pad = eos where it had no pad token, as in TransformerLens (``_tokenizer``). ``run_with_cache`` takes TransformerLens's arguments (``tl_run_with_cache``).
 
 Processing, as TransformerLens 3.9 does it: ``fold_ln`` folds each norm into its readers, and for
 LayerNorm also removes the readers' d_model mean (glassbox's ``center_reader_weights``);
@@ -30,6 +31,7 @@ warning, as TransformerLens does for post-norm architectures.
 """
 
 import warnings
+from collections.abc import Mapping
 from typing import Optional, Tuple, Union
 
 import torch
@@ -41,6 +43,7 @@ from ..models import gpt2_tokenizer
 from .config.fields import FLAGS
 from .config.hooked_transformer_config import HookedTransformerConfig, default_device
 from ._run_with_cache import tl_run_with_cache
+from ._tokenizer import TokenizerConventions
 from .loading_from_pretrained import get_official_model_name
 
 Loss = Tensor  # a 0-d mean loss, or [batch pos-1] per token
@@ -69,7 +72,7 @@ def as_dtype(dtype) -> torch.dtype:
     return dtype
 
 
-class HookedTransformer(_GlassboxTransformer):
+class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
     """glassbox's HookedTransformer with TransformerLens's surface (see the module docstring)."""
 
     def __init__(self, cfg, tokenizer=None, move_to_device: bool = True,
@@ -96,8 +99,7 @@ class HookedTransformer(_GlassboxTransformer):
         device = values["device"] if move_to_device else None
         super().__init__(tl_cfg.glassbox, tokenizer=tokenizer, init=bool(values["init_weights"]), device=device,
                          dtype=as_dtype(values["dtype"]), **self._flag_kwargs(flags))
-        # TransformerLens: None keeps the tokenizer's own side.
-        self.default_padding_side = default_padding_side or getattr(tokenizer, "padding_side", None) or "right"
+        self.default_padding_side = default_padding_side  # None keeps the tokenizer's own side (TransformerLens)
         if values["normalization_type"] in ("LNPre", "RMSPre") and not values["init_weights"]:
             self._reset_norms()
         self.cfg = tl_cfg
@@ -211,7 +213,7 @@ class HookedTransformer(_GlassboxTransformer):
                                    default_prepend_bos=default_prepend_bos, default_padding_side=default_padding_side,
                                    **from_pretrained_kwargs)
 
-    def load_and_process_state_dict(self, state_dict: dict, fold_ln: bool = True, center_writing_weights: bool = True,
+    def load_and_process_state_dict(self, state_dict, fold_ln: bool = True, center_writing_weights: bool = True,
                                     center_unembed: bool = True, fold_value_biases: bool = True,
                                     refactor_factored_attn_matrices: bool = False) -> None:
         """Load a state dict (TransformerLens's names and layout, or glassbox's) into this model and process
@@ -221,19 +223,27 @@ class HookedTransformer(_GlassboxTransformer):
         missing bias (TransformerLens's gated MLP has no b_gate) is zero, as TransformerLens fills them. Every
         requested step is applied to the state dict given (as TransformerLens does: what this model's own
         weights went through says nothing about it), and ``model.processing`` becomes those steps. Refused,
-        before anything changes, when the processed weights would need a different model (a tied
-        unembedding)."""
+        before anything changes, naming the key: a missing or unexpected key (``KeysError``, a KeyError and
+        ValueError; TransformerLens ignores unexpected ones), a shape this model does not have, a value that
+        is not a finite floating tensor (``glassbox.weights.checks.check_state_dict``); and when the
+        processed weights would need a different model (a tied unembedding)."""
         steps = tl_steps(self.cfg.glassbox, fold_ln, center_writing_weights, center_unembed, fold_value_biases,
                          refactor_factored_attn_matrices)
         self._load_processed(state_dict, steps)
         self.processing = tuple(steps)
 
-    def _load_processed(self, state_dict: dict, steps: list) -> None:
+    def _load_processed(self, state_dict, steps: list) -> None:
+        from ..weights.checks import check_state_dict
         from ..weights.processing import process_state_dict
 
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"state_dict must be a mapping of parameter name to tensor, got {type(state_dict).__name__}")
         sd = {k: v for k, v in state_dict.items() if not k.endswith((".mask", ".IGNORE")) and "rotary_" not in k}
+        renamed = {}
         if "unembed.W_U" in sd:
-            sd["unembed.W_U_T"] = sd.pop("unembed.W_U").transpose(0, 1)
+            W_U = sd.pop("unembed.W_U")
+            sd["unembed.W_U_T"] = W_U.transpose(0, 1) if isinstance(W_U, Tensor) and W_U.ndim == 2 else W_U
+            renamed["unembed.W_U_T"] = "unembed.W_U"
         for key in [k for k in sd if ".attn._" in k]:  # TransformerLens's grouped _W_K, _W_V, _b_K, _b_V
             sd[key.replace(".attn._", ".attn.")] = sd.pop(key)
         own = self.state_dict()
@@ -242,6 +252,8 @@ class HookedTransformer(_GlassboxTransformer):
                 sd[key] = torch.ones_like(value) if key.endswith(".w") else torch.zeros_like(value)
             elif key not in sd and key.rsplit(".", 1)[-1].startswith("b_"):
                 sd[key] = torch.zeros_like(value)
+        own_shapes = {k: tuple(v.shape) for k, v in own.items()}
+        check_state_dict(sd, own_shapes, "state_dict", renamed, exempt=("unembed.W_U_T",))  # before any change
         processed, gcfg = process_state_dict(sd, self.cfg.glassbox, steps)
         if gcfg != self.cfg.glassbox:
             raise ValueError(f"the processed weights need a different model ({gcfg} instead of {self.cfg.glassbox}); "
@@ -266,8 +278,8 @@ class HookedTransformer(_GlassboxTransformer):
         """Use ``tokenizer``; ``default_padding_side`` (None: the tokenizer's) becomes the model's default."""
         if default_padding_side not in ("left", "right", None):
             raise ValueError(f"default_padding_side must be 'left', 'right' or None, got {default_padding_side!r}")
-        self.tokenizer = tokenizer
-        self.default_padding_side = default_padding_side or getattr(tokenizer, "padding_side", None) or "right"
+        self.tokenizer = tokenizer  # the model's own copy, pad = eos (see _tokenizer)
+        self.default_padding_side = default_padding_side
 
     def init_weights(self) -> None:
         """Initialise every weight again (glassbox's scheme; see the module docstring)."""
@@ -338,6 +350,8 @@ class HookedTransformer(_GlassboxTransformer):
         """TransformerLens's forward; see ``glassbox.HookedTransformer.forward`` for each argument."""
         if shortformer_pos_embed is not None:
             raise ValueError("shortformer_pos_embed is not supported: glassbox has no shortformer positions")
+        if isinstance(start_at_layer, int) and -self.cfg.n_layers <= start_at_layer < 0:
+            start_at_layer += self.cfg.n_layers  # TransformerLens slices the blocks: -1 is the last block
         return super().forward(input, return_type=return_type, loss_per_token=loss_per_token,
                                attention_mask=attention_mask, prepend_bos=prepend_bos,
                                padding_side=padding_side, stop_at_layer=stop_at_layer,
@@ -348,10 +362,6 @@ class HookedTransformer(_GlassboxTransformer):
         """TransformerLens's to_tokens: ``truncate=True`` (TransformerLens's default) keeps each row's first n_ctx
         tokens, ``truncate=False`` every token; ``padding_side=None`` is the model's ``default_padding_side``."""
         return super().to_tokens(input, prepend_bos, padding_side, move_to_device, truncate)
-
-    def resolve_padding_side(self, padding_side: Optional[str]) -> str:
-        """``padding_side=None`` is the model's ``default_padding_side`` everywhere glassbox tokenizes."""
-        return super().resolve_padding_side(padding_side or self.default_padding_side)
 
     def generate(self, *args, **kwargs):
         """TransformerLens's generate (its argument names, defaults and return types); see

@@ -3,10 +3,15 @@
 Every module of the glassbox.tl package is imported and entered in ``sys.modules`` under its
 TransformerLens dotted name (``glassbox.tl.hook_points`` -> ``transformer_lens.hook_points``), so
 ``from transformer_lens.hook_points import HookPoint`` works too. The package is walked, so modules
-added later are included. Refused, saying so, when a real ``transformer_lens`` is already imported
+added later are included; ``MODULE_PATHS`` adds TransformerLens's other module paths (2.x's
+``transformer_lens.HookedTransformerConfig``, ``components.embed``, ``utilities.lm_utils`` ...) as the
+glassbox.tl module holding their names. Refused, saying so, when a real ``transformer_lens`` is already imported
 (its objects would mix with glassbox's); calling it again is a no-op.
 
-Footgun: the registration is process-wide. Anything importing ``transformer_lens`` afterwards gets
+Footguns: the registration is process-wide. A path of ``MODULE_PATHS`` is an alias of a module with
+another name, so ``from transformer_lens.utilities.lm_utils import lm_accuracy`` works but
+``import transformer_lens.utilities.lm_utils as m`` does not (Python looks the last part up as an
+attribute of ``glassbox.tl.utils``). Anything importing ``transformer_lens`` afterwards gets
 glassbox.tl, including libraries that expected the real package.
 """
 
@@ -15,6 +20,39 @@ import pkgutil
 import sys
 
 ALIAS = "transformer_lens"
+
+# TransformerLens module paths (2.x and 3.x) that hold names glassbox.tl defines elsewhere: the path is
+# registered as the glassbox.tl module holding them, so ``from transformer_lens.<path> import <name>``
+# works; the names are what each path provides (tests check them against TransformerLens 3.9).
+MODULE_PATHS = {
+    "HookedTransformerConfig": ("config.hooked_transformer_config", ["HookedTransformerConfig"]),  # 2.x
+    "components.attention": ("components", ["Attention"]),
+    "components.embed": ("components", ["Embed"]),
+    "components.pos_embed": ("components", ["PosEmbed"]),
+    "components.unembed": ("components", ["Unembed"]),
+    "components.layer_norm": ("components", ["LayerNorm"]),
+    "components.rms_norm": ("components", ["RMSNorm"]),
+    "components.transformer_block": ("components", ["TransformerBlock"]),
+    "components.mlps.mlp": ("components.mlps", ["MLP"]),
+    "components.mlps.gated_mlp": ("components.mlps", ["GatedMLP"]),
+    "utilities.activation_functions": ("utils", ["gelu_new"]),
+    "utilities.components_utils": ("utils", ["get_act_name"]),
+    "utilities.defaults_utils": ("utils", ["override_or_use_default_value"]),
+    "utilities.devices": ("utils", ["get_device"]),
+    "utilities.exploratory_utils": ("utils", ["test_prompt"]),
+    "utilities.hf_utils": ("utils", ["download_file_from_hf", "keep_single_column", "get_dataset"]),
+    "utilities.initialization_utils": ("utils", ["calc_fan_in_and_fan_out", "init_xavier_uniform_",
+                                                 "init_xavier_normal_", "init_kaiming_uniform_",
+                                                 "init_kaiming_normal_"]),
+    "utilities.library_utils": ("utils", ["is_library_available"]),
+    "utilities.lm_utils": ("utils", ["lm_cross_entropy_loss", "lm_accuracy"]),
+    "utilities.matrix": ("utils", ["composition_scores"]),
+    "utilities.slice": ("utils", ["Slice"]),
+    "utilities.tensors": ("utils", ["to_numpy", "get_corner", "remove_batch_dim", "transpose", "is_square",
+                                    "is_lower_triangular"]),
+    "utilities.tokenize_utils": ("utils", ["tokenize_and_concatenate", "get_input_with_manually_prepended_bos",
+                                           "get_tokens_with_bos_removed", "get_attention_mask"]),
+}
 
 
 def _submodules(package) -> list:
@@ -47,4 +85,6 @@ def as_transformer_lens():
         sys.modules[ALIAS + name[len(package.__name__):]] = module
     # TransformerLens 3.x's own modules import its helpers as transformer_lens.utilities.
     sys.modules[ALIAS + ".utilities"] = package.utils
+    for path, (target, _) in MODULE_PATHS.items():
+        sys.modules[f"{ALIAS}.{path}"] = modules[f"{package.__name__}.{target}"]
     return package

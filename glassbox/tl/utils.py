@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 
+from ..hooks.errors import ArgumentError
 from ..interp.act_names import act_name, split_compact
 from ..interp.axis_slice import Slice, SliceInput
 from ..interp.lm_metrics import next_token_accuracy
@@ -37,7 +38,7 @@ __all__ = [
     "download_file_from_hf", "gelu_new", "get_act_name", "get_attention_mask", "get_corner", "get_dataset",
     "get_device", "get_input_with_manually_prepended_bos",
     "get_tokens_with_bos_removed", "init_kaiming_normal_", "init_kaiming_uniform_", "init_xavier_normal_",
-    "init_xavier_uniform_", "is_lower_triangular", "is_square", "keep_single_column", "lm_accuracy",
+    "init_xavier_uniform_", "is_library_available", "is_lower_triangular", "is_square", "keep_single_column", "lm_accuracy",
     "lm_cross_entropy_loss", "override_or_use_default_value", "remove_batch_dim", "test_prompt", "to_numpy",
     "tokenize_and_concatenate", "transpose",
 ]
@@ -81,9 +82,9 @@ test_prompt.__test__ = False  # pytest would collect it by its name
 def lm_cross_entropy_loss(logits: torch.Tensor, tokens: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                           per_token: bool = False) -> torch.Tensor:
     if attention_mask is not None:
-        if tuple(attention_mask.shape) != tuple(tokens.shape):
-            raise ValueError(f"attention_mask must have the same shape as tokens, got "
-                             f"{tuple(attention_mask.shape)} and {tuple(tokens.shape)}")
+        if tuple(attention_mask.shape) != tuple(tokens.shape):  # TransformerLens asserts here, in these words
+            raise ArgumentError(f"attention_mask must have the same shape as tokens, got "
+                                f"{tuple(attention_mask.shape)} and {tuple(tokens.shape)}")
         attention_mask = attention_mask.bool()
     return lm_loss(logits, tokens, attention_mask, per_token)
 
@@ -127,6 +128,13 @@ def get_input_with_manually_prepended_bos(bos_token: Optional[str], input):
     if bos_token is None:
         return input
     return bos_token + input if isinstance(input, str) else [bos_token + text for text in input]
+
+
+def is_library_available(name: str) -> bool:
+    """Whether the module ``name`` can be imported (found on the path; nothing is imported)."""
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
 
 
 def get_device() -> str:

@@ -15,6 +15,8 @@ import math
 import re
 from typing import Mapping
 
+from ..hooks.errors import KeysError
+
 # Field kinds: "size" (positive int), "count" (int >= 0), "number" (finite, > 0), "number>=0", "str",
 # "bool", "object"; a kind ending in "?" also takes null.
 CONFIG_FIELDS = {
@@ -153,3 +155,51 @@ def check_against_weights(hf_config, layout, shapes: Mapping[str, tuple], config
             wrong = next((i for i, (a, b) in enumerate(zip(claimed, shape + (None,) * len(claimed))) if a != b), 0)
             raise ValueError(f"{config_source}: {fields[wrong]}={claimed[wrong]}, but {weights_source} holds "
                              f"{name} of shape {shape} ({', '.join(fields)} = {shape})")
+
+
+def check_state_dict(state_dict, expected: Mapping[str, tuple], source: str = "state_dict",
+                     renamed: Mapping[str, str] = None, exempt: tuple = ()) -> None:
+    """A state dict to load: a mapping of exactly ``expected``'s keys (name -> shape) to finite floating
+    tensors of those shapes. ``renamed`` maps a key of ``state_dict`` to the name it was given by the
+    caller (TransformerLens's ``unembed.W_U`` for glassbox's ``unembed.W_U_T``), so errors name what
+    the caller passed, with the shape the caller's layout needs. Keys in ``exempt`` may be unexpected
+    (a later check refuses them with its own reason).
+
+    Raises TypeError (not a mapping, a value not a tensor), KeysError (a KeyError and ValueError: missing or
+    unexpected keys, the closest names given) or ValueError (a shape, a non-floating dtype, nan or inf), naming the key.
+    """
+    import difflib
+
+    import torch
+
+    renamed = renamed or {}
+    name = lambda key: renamed.get(key, key)  # noqa: E731
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"{source} must be a mapping of parameter name to tensor, got {type(state_dict).__name__}")
+    missing = [k for k in expected if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in expected and k not in exempt]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(name(k) for k in missing[:5])}" + ("..." if len(missing) > 5 else ""))
+        for key in unexpected[:5]:
+            close = difflib.get_close_matches(key, list(expected), n=1)
+            parts.append(f"unexpected {name(key)}" + (f" (closest: {name(close[0])})" if close else ""))
+        raise KeysError(f"{source}: {'; '.join(parts)}")
+    for key, value in state_dict.items():
+        if key not in expected:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{source}[{name(key)!r}] must be a tensor, got {type(value).__name__}")
+        want = tuple(expected[key])
+        if key in renamed and len(want) == 2:  # the caller's layout is the transpose (W_U of W_U_T)
+            got, want = tuple(value.shape)[::-1], want[::-1]
+        else:
+            got = tuple(value.shape)
+        if got != want:
+            raise ValueError(f"{source}[{name(key)!r}] has shape {got}; this model needs {want}")
+        if not value.is_floating_point():
+            raise ValueError(f"{source}[{name(key)!r}] is {value.dtype}; weights are floating tensors")
+        if value.numel() and not bool(torch.isfinite(value).all()):
+            bad = "nan" if bool(value.isnan().any()) else "inf"
+            raise ValueError(f"{source}[{name(key)!r}] holds {bad}; refusing to load (and fold) non-finite weights")

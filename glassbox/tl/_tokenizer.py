@@ -1,0 +1,66 @@
+"""TransformerLens's tokenizer conventions for glassbox.tl's HookedTransformer.
+
+TransformerLens's model owns its tokenizer and edits it: a tokenizer without a pad token pads with eos
+(and one without a BOS uses eos), and the model pads on ``tokenizer.padding_side``, which
+``default_padding_side`` sets. So here: the model takes its own copy of the tokenizer it is given (or
+of glassbox's shared GPT-2 tokenizer, on first use), with pad = eos where it had none, and
+``default_padding_side`` reads and writes that copy's ``padding_side``; ``padding_side=None`` anywhere
+means it. ``model.tokenizer.padding_side = "left"`` therefore changes how the model pads, as in
+TransformerLens.
+
+glassbox's own HookedTransformer keeps its rule: it never edits a tokenizer; pads are the pad token,
+else BOS; ``padding_side=None`` is the tokenizer's own side (see ``glassbox.models.tokenize``).
+
+Footgun: the copy is the model's; editing the tokenizer object passed in afterwards does not reach it.
+"""
+
+from typing import Optional
+
+from ..models.inputs import check_padding_side
+from ..models.tokenize import tokenizer_copy
+
+
+class TokenizerConventions:
+    """Mixin before glassbox's HookedTransformer: ``tokenizer`` and ``default_padding_side`` as above."""
+
+    _tl_tokenizer = None  # the model's own copy, once made
+    _tl_padding_side: Optional[str] = "right"
+
+    @property
+    def tokenizer(self):
+        tok = super().tokenizer  # glassbox's: the one given, else the shared GPT-2 tokenizer, else an error
+        return tok if tok is self._tl_tokenizer else self._adopt(tok)
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer) -> None:
+        self._tokenizer, self._tl_tokenizer = tokenizer, None
+
+    def _adopt(self, tokenizer):
+        own = tokenizer_copy(tokenizer)
+        if own.pad_token is None and own.eos_token is not None:
+            own.pad_token = own.eos_token
+        if own.bos_token is None and own.eos_token is not None:
+            own.bos_token = own.eos_token
+        own.padding_side = self._tl_padding_side or getattr(tokenizer, "padding_side", None) or "right"
+        self._tokenizer = self._tl_tokenizer = own
+        return own
+
+    @property
+    def default_padding_side(self) -> str:
+        """The side the model pads on: its tokenizer's ``padding_side``."""
+        own = self._tl_tokenizer
+        if own is None and self._tokenizer is not None:
+            own = self.tokenizer
+        return own.padding_side if own is not None else (self._tl_padding_side or "right")
+
+    @default_padding_side.setter
+    def default_padding_side(self, side: Optional[str]) -> None:
+        if side is not None:
+            check_padding_side(side)
+        self._tl_padding_side = side
+        if self._tl_tokenizer is not None and side is not None:
+            self._tl_tokenizer.padding_side = side
+
+    def resolve_padding_side(self, padding_side: Optional[str]) -> str:
+        """``padding_side=None`` is the model's ``default_padding_side`` (its tokenizer's side)."""
+        return super().resolve_padding_side(padding_side or self.default_padding_side)
