@@ -49,7 +49,7 @@ def test_dtypes_and_methods_are_checked_too():
     with pytest.raises(TypeCheckError, match="tokens"):
         detection_pattern("previous_token", torch.zeros(1, 4))  # float where token ids are expected
     norm = LayerNorm(Config(d_model=6, n_layers=1, n_heads=2, d_vocab=5, n_ctx=4))
-    with pytest.raises(TypeCheckError, match="LayerNorm.forward"):
+    with pytest.raises(TypeCheckError, match="Norm.forward"):  # LayerNorm's, defined on HookedNorm
         norm(torch.randn(3, 6))  # [batch d_model] where [batch pos d_model] is expected
     assert norm(torch.randn(1, 3, 6)).shape == (1, 3, 6)
 

@@ -16,6 +16,9 @@ Contract:
   its parameters are not the model's (``model.parameters()``, ``state_dict()`` and
   ``save_pretrained`` are unchanged, and ``model.to(...)`` does not move it).
 - ``has_hooks`` is always True, so the fused fast paths that skip an unhooked point never skip a splice.
+  A norm then computes its hook_scale / hook_normalized value on the side and keeps its fused output
+  when the splice returns that value unchanged (a transcoder's read end, an SAE with its error term);
+  attention, hooked at hook_attn_scores or hook_pattern, leaves its fused kernel.
 """
 
 from typing import Callable

@@ -6,11 +6,11 @@ w and bias b (as in TransformerLens 3.x); ``hook_out`` [.. d_model] is the norm'
 normalized * w + b, what the next component reads. The leading axes are [batch pos], or [batch pos head] for ln1 under
 ``use_attn_in`` / ``use_split_qkv_input``.
 
-The output comes from the fused kernel (no [.. d_model] temporaries, the same bits as an unhooked run)
-unless a hook could see or change what the kernel hides: a hook on ``hook_normalized``, or one on
-``hook_scale`` that replaced or edited the scale (``norm_scale.py``). Then w and b are applied after
-``hook_normalized``: the normalised value comes from the fused kernel without w and b, or, when the
-scale was replaced, from (x - mean) / the hooked scale. Both agree with the fused output to float rounding.
+The output is the fused kernel's (the same bits as an unhooked run) unless a hook on ``hook_scale`` or
+``hook_normalized`` changed the value it saw; then it is recomputed from what the hooks left
+(``norm_hooks.py``: when, and what autograd sees). The scale and normalised value those hooks see are
+computed on the side: the scale as sqrt(var + eps), the normalised value by the fused kernel without w
+and b (or, when a hook changed the scale, as (x - mean) / that scale).
 Footgun: before 3.x semantics, ``hook_normalized`` held the post-affine output; that is ``hook_out`` now.
 """
 
@@ -18,15 +18,14 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float
 from torch import Tensor, nn
 
 from ..hooks import HookPoint
 from .config import Config
-from .norm_scale import hooked_scale
+from .norm_hooks import HookedNorm
 
 
-class LayerNorm(nn.Module):
+class LayerNorm(HookedNorm):
     def __init__(self, cfg: Config, length: Optional[int] = None):
         super().__init__()
         self.eps = cfg.layer_norm_eps
@@ -37,18 +36,20 @@ class LayerNorm(nn.Module):
         self.hook_normalized = HookPoint()
         self.hook_out = HookPoint()
 
-    def forward(self, x: Float[Tensor, "batch pos *head d_model"]) -> Float[Tensor, "batch pos *head d_model"]:
-        hooked = None
-        if self.hook_scale.has_hooks:
-            # in float32 for half-precision x: a variance above 65504 is inf in float16
-            wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-            scale = (wide.var(-1, correction=0, keepdim=True) + self.eps).sqrt().to(x.dtype)
-            hooked = hooked_scale(self.hook_scale, scale)
-        if hooked is None and not self.hook_normalized.has_hooks:
-            return self.hook_out(F.layer_norm(x, x.shape[-1:], self.w, self.b, self.eps))
-        if hooked is None:  # the scale was only read: the fused kernel normalises, without w and b
-            normalized = F.layer_norm(x, x.shape[-1:], None, None, self.eps)
-        else:
-            normalized = (x - x.mean(-1, keepdim=True)) / hooked
-        out = self.hook_normalized(normalized) * self.w
-        return self.hook_out(out.add_(self.b) if self.b is not None else out)
+    def kernel(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, x.shape[-1:], self.w, self.b, self.eps)
+
+    def scale(self, x: Tensor) -> Tensor:
+        # in float32 for half-precision x: a variance above 65504 is inf in float16
+        wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        return (wide.var(-1, correction=0, keepdim=True) + self.eps).sqrt().to(x.dtype)
+
+    def kernel_normalized(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, x.shape[-1:], None, None, self.eps)
+
+    def from_scale(self, x: Tensor, scale: Tensor) -> Tensor:
+        return (x - x.mean(-1, keepdim=True)) / scale
+
+    def affine(self, normalized: Tensor, x: Tensor) -> Tensor:
+        out = normalized * self.w
+        return out.add_(self.b) if self.b is not None else out

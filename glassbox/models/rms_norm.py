@@ -3,12 +3,13 @@
 out = x / sqrt(mean(x^2) + eps) * w: no centering and no bias. ``hook_scale`` [.. 1] is the divisor
 sqrt(mean(x^2) + eps); ``hook_normalized`` [.. d_model] is x / scale, before w (as in every
 TransformerLens version); ``hook_out`` [.. d_model] the output normalized * w. As in LayerNorm, the
-fused kernel computes the output unless a hook is on ``hook_normalized`` or a hook on ``hook_scale``
-replaced or edited the scale.
+output is the fused kernel's unless a hook on ``hook_normalized`` or ``hook_scale`` changed the value
+it saw (``norm_hooks.py``).
 
 With ``cfg.norm_weight_offset`` (Gemma's 1.0) the norm multiplies by (offset + w), w kept as the
 checkpoint stores it; the product is then computed in float32 for half-precision inputs, as in
-transformers' Gemma. ``length`` (default d_model) sizes w for the q/k norms.
+transformers' Gemma (``hook_normalized`` holds the normalised value cast to the model's dtype).
+``length`` (default d_model) sizes w for the q/k norms.
 
 Footgun: RMSNorm does not remove the mean, so weight processing that relies on centering
 (``center_writing_weights``) does not apply to models that use it.
@@ -18,15 +19,16 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float
 from torch import Tensor, nn
 
 from ..hooks import HookPoint
 from .config import Config
-from .norm_scale import hooked_scale
+from .norm_hooks import HookedNorm
+
+HALF = (torch.float16, torch.bfloat16)
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(HookedNorm):
     def __init__(self, cfg: Config, length: Optional[int] = None):
         super().__init__()
         self.eps = cfg.layer_norm_eps
@@ -36,25 +38,31 @@ class RMSNorm(nn.Module):
         self.hook_normalized = HookPoint()
         self.hook_out = HookPoint()
 
-    def forward(self, x: Float[Tensor, "batch pos *head d_model"]) -> Float[Tensor, "batch pos *head d_model"]:
-        hooked = None
-        if self.hook_scale.has_hooks:
-            # in float32 for half-precision x: a mean square above 65504 (an RMS above 256) is inf in float16
-            wide = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-            mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=wide).square() / x.shape[-1]
-            hooked = hooked_scale(self.hook_scale, (mean_square + self.eps).sqrt().to(x.dtype))
-        if self.offset:
-            return self.offset_forward(x, hooked)
-        if hooked is None and not self.hook_normalized.has_hooks:
-            return self.hook_out(F.rms_norm(x, x.shape[-1:], self.w, self.eps))
-        # the scale only read: the fused kernel normalises, without w; replaced: x / the hooked scale
-        normalized = F.rms_norm(x, x.shape[-1:], None, self.eps) if hooked is None else x / hooked
-        return self.hook_out(self.hook_normalized(normalized) * self.w)
+    def wide(self, x: Tensor) -> Tensor:
+        """x in the dtype of the arithmetic: float32 for half-precision x under a weight offset."""
+        return x.float() if self.offset and x.dtype in HALF else x
 
-    def offset_forward(self, x: Tensor, hooked: Optional[Tensor]) -> Tensor:
-        """normalized * (offset + w), in float32 for half-precision x (cast back at the end)."""
-        wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        normalized = F.rms_norm(wide, x.shape[-1:], None, self.eps) if hooked is None else wide / hooked.to(wide.dtype)
-        if self.hook_normalized.has_hooks:
-            normalized = self.hook_normalized(normalized.to(x.dtype)).to(wide.dtype)
-        return self.hook_out((normalized * (self.offset + self.w.to(wide.dtype))).to(x.dtype))
+    def kernel(self, x: Tensor) -> Tensor:
+        if not self.offset:
+            return F.rms_norm(x, x.shape[-1:], self.w, self.eps)
+        wide = self.wide(x)
+        return (F.rms_norm(wide, x.shape[-1:], None, self.eps) * (self.offset + self.w.to(wide.dtype))).to(x.dtype)
+
+    def scale(self, x: Tensor) -> Tensor:
+        # in float32 for half-precision x: a mean square above 65504 (an RMS above 256) is inf in float16
+        wide = torch.float32 if x.dtype in HALF else x.dtype
+        mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=wide).square() / x.shape[-1]
+        return (mean_square + self.eps).sqrt().to(x.dtype)
+
+    def kernel_normalized(self, x: Tensor) -> Tensor:
+        return F.rms_norm(self.wide(x), x.shape[-1:], None, self.eps).to(x.dtype)
+
+    def from_scale(self, x: Tensor, scale: Tensor) -> Tensor:
+        wide = self.wide(x)
+        return (wide / scale.to(wide.dtype)).to(x.dtype)
+
+    def affine(self, normalized: Tensor, x: Tensor) -> Tensor:
+        if not self.offset:
+            return normalized * self.w
+        wide = self.wide(normalized)
+        return (wide * (self.offset + self.w.to(wide.dtype))).to(x.dtype)
