@@ -34,6 +34,7 @@ import torch
 
 from ..interp.cache import run_with_cache
 from ..models.hook_shapes import hook_shape
+from .corpus import ArrayWindows
 from .job import SCALE_EXTRA, ShardSpec, even_plan
 
 ACT_DTYPES = ("float16", "float32", "float64")
@@ -117,6 +118,12 @@ class ExportJob:
                 raise ValueError(f"hook {hook!r} has shape [{shape}]; an export stores [batch pos d] or "
                                  "[batch pos head d_head] hooks")
 
+    def check(self, model) -> None:
+        """What ``run_job`` checks before anything runs: the hooks, and the token ids of windows held in memory."""
+        self.check_model(model)
+        if isinstance(self.windows, ArrayWindows):
+            check_ids(self.windows.windows, model.cfg.d_vocab, 0, self.windows.source)
+
     def activations(self, model, tokens: torch.Tensor) -> dict:
         """``{hook: float [batch pos d_in]}`` on the CPU in ``act_dtype``, for one batch of windows."""
         device = next(model.parameters()).device
@@ -142,6 +149,7 @@ class ExportJob:
         with torch.no_grad():
             for start in range(spec.start, spec.stop, self.batch_size):
                 tokens = self.windows.rows(start, min(start + self.batch_size, spec.stop))
+                check_ids(tokens, model.cfg.d_vocab, start, getattr(self.windows, "path", "the corpus"))
                 acts = self.activations(model, tokens)
                 if writer is None:
                     features = export_features(self.hooks, {h: a.shape[-1] for h, a in acts.items()},
@@ -160,6 +168,16 @@ class ExportJob:
 
     def finalize(self, out_dir: Path, entries: List[dict]) -> Path:
         return consolidate(Path(out_dir), entries)
+
+
+def check_ids(windows, d_vocab: int, first: int, source: str) -> None:
+    """Refuse, naming the window, a token id outside [0, d_vocab) in ``windows`` (window ``first`` first)."""
+    windows = torch.as_tensor(windows)
+    bad = (windows < 0) | (windows >= d_vocab)
+    if bool(bad.any()):
+        row, col = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{source}: window {first + row} holds token id {int(windows[row, col])} at position {col}, "
+                         f"outside the model's vocabulary [0, d_vocab={d_vocab})")
 
 
 def export_features(hooks: Sequence[str], d_in: dict, context_size: int, act_dtype: str):

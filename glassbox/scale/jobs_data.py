@@ -283,6 +283,10 @@ class PairJob:
     def job_params(self) -> dict:
         return {}
 
+    def check(self, model) -> None:
+        """Every pair's token ids against the model's vocabulary (before anything runs)."""
+        self.pairs.check_vocab(model.cfg.d_vocab)
+
     def params(self) -> dict:
         return {"batch_size": self.batch_size, "shard_size": self.shard_size, "pairs": self.pairs.describe(),
                 **self.job_params()}

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import torch
 
 from ..interp.cache import run_with_cache
-from ..interp.patching.engine import PATCH_AXES, activation_patch, resolve_template
+from ..interp.patching.engine import PATCH_AXES, activation_patch, check_stackable, resolve_template
 from ..interp.patching.metrics import LogitDiff, TargetLoss, TargetProb
 from ..interp.patching.result import PatchResult
 from .jobs_data import PairJob, PromptPairs
@@ -99,6 +99,12 @@ class NodeJob(PairJob):
 
     def job_params(self) -> dict:
         return {"activation": self.activation, "axes": list(self.axes), "metric": self.metric}
+
+    def check(self, model) -> None:
+        """The activation(s) and axes on this model, and every pair's token ids (before anything runs)."""
+        activations = [self.activation] if isinstance(self.activation, str) else self.activation
+        check_stackable(model, activations, self.axes)
+        self.pairs.check_vocab(model.cfg.d_vocab)
 
     def node_values(self, model, clean: torch.Tensor, corrupted: torch.Tensor, metric) -> PatchResult:
         raise NotImplementedError
@@ -196,13 +202,14 @@ def model_and_pairs(model: str, pairs_path, device, dtype, prepend_bos: bool, re
 
 
 def saved_tokenizer(model: str):
-    """The tokenizer saved with the model, or None (then only pairs given as token ids can be read)."""
-    from .export import model_tokenizer
+    """The tokenizer saved with the model, or None (then only pairs given as token ids can be read); a
+    model that cannot be found is an error naming it."""
+    from ..weights.pretrained import TOKENIZER_FILES, load_tokenizer, resolve
 
-    try:
-        return model_tokenizer(model)
-    except ValueError:
+    folder = resolve(model)
+    if not any((folder / f).is_file() for f in TOKENIZER_FILES):
         return None
+    return load_tokenizer(folder)
 
 
 __all__ = ["METRICS", "NodeJob", "NodeResult", "PATCH_AXES", "SweepJob", "pair_metric", "sweep"]

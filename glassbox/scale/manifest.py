@@ -1,25 +1,38 @@
-"""The manifest of a job's output folder: shards committed atomically, verified, resumed.
+"""The manifest of a job's output folder: shards committed atomically, verified, resumed; only glassbox's files touched.
 
 Layout of ``out_dir``::
 
-    manifest.json          the job (kind, parameters, model spec, plan) and one entry per committed shard
+    manifest.json          the job (kind, parameters, model spec, model fingerprint, plan) and one entry per
+                           committed shard
     shards/shard_00007/    a committed shard's files (whatever the job's ``run_shard`` wrote)
     .tmp/                  shards being computed (``shard_00007.<uuid>/``); debris after a crash
 
-A shard is committed in this order: its files are written under ``.tmp/shard_XXXXX.<uuid>/``, each file
-is hashed (sha256) and synced, the folder is renamed to ``shards/shard_XXXXX/``, and only then is its
-entry added to ``manifest.json`` (a temporary file renamed over the old one). So a crash at any point
-leaves either a committed shard or debris: a shard folder without a manifest entry, or anything under
-``.tmp/``, is removed when the job is opened again. A shard is never recorded half-written.
+A new job needs a new or empty folder; its ``manifest.json`` is written first (with no shards), so
+every later file is in a folder glassbox marked as its own. A shard is committed in this order: its
+files are written under ``.tmp/shard_XXXXX.<uuid>/``, each file is hashed (sha256) and synced, the
+folder is renamed to ``shards/shard_XXXXX/``, and only then is its entry added to ``manifest.json`` (a
+temporary file renamed over the old one). So a crash at any point leaves either a committed shard or
+debris: a planned shard's folder without a manifest entry, or glassbox's temporary folders under
+``.tmp/``, removed when the job is resumed. A shard is never recorded half-written.
 
-``Manifest.open(out_dir, job, resume=True)`` keeps the entries whose files are all present with their
-recorded sizes and sha256 (re-hashing every byte: a resume reads the whole export once) and drops the
-rest (a corrupted shard is recomputed). The job recorded must equal the job given (kind, parameters,
-model spec, plan), else it is refused, naming the field that differs.
+Resume (``Manifest.open(out_dir, job, resume=True)``) is refused, before anything is deleted, for:
+a folder with no ``manifest.json`` that is not empty (even one holding only ``shards/`` or ``.tmp/``:
+glassbox resumes only what it wrote); a manifest that is damaged or hand-edited (not JSON, a field
+of the wrong type, an entry that contradicts the plan), of another format version, or of another job
+kind; a job whose parameters, model spec or plan differ, or whose model fingerprint
+(``fingerprint.py``: the sha256 of the model's config, weights and tokenizer files) differs, naming
+what changed; a committed shard's folder holding files the manifest does not record. Otherwise the
+entries whose files are all present with their recorded sizes and sha256 are kept (every byte is
+re-hashed: a resume reads the whole output once) and the rest are recomputed.
 
-A new job's ``manifest.json`` appears with its first committed shard; a job that fails before any
-commit leaves nothing behind once the runner calls ``discard_if_empty``, so the same command can be run
-again without ``resume``.
+What glassbox deletes: only names it makes (``.tmp/shard_XXXXX.<12 hex>``, ``.tmp/ray_probe.<12 hex>``,
+``.manifest.json.<8 hex>``, a planned ``shards/shard_XXXXX`` whose files do not verify or that has no
+entry). A user's other files in the folder, in ``shards/`` or in ``.tmp/`` are left as they are.
+
+A job that fails before any commit leaves nothing behind once the runner calls ``discard_if_empty``,
+so the same command can be run again without ``resume``; ``tidy`` removes an empty ``.tmp/`` after a
+successful run
+(``run_job`` calls it after ``finalize``).
 
 Footgun: one process (the driver) owns the manifest; workers only fill temporary folders.
 """
@@ -27,6 +40,7 @@ Footgun: one process (the driver) owns the manifest; workers only fill temporary
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import time
@@ -34,23 +48,17 @@ import uuid
 from pathlib import Path
 from typing import Dict, List, Optional, Union
 
+from .fingerprint import Fingerprint, describe_change, model_fingerprint, sha256_file
 from .job import ShardSpec, check_plan, job_params
 
 FORMAT = "glassbox-scale-manifest"
-VERSION = 1
+VERSION = 2
 MANIFEST = "manifest.json"
 SHARDS = "shards"
 TMP = ".tmp"
-HEADER_KEYS = ("format", "version", "job", "params", "model_spec", "plan")
-_HASH_CHUNK = 1 << 22
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(_HASH_CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
+HEADER_KEYS = ("format", "version", "job", "params", "model_spec", "fingerprint", "plan")
+_TMP_ENTRY = re.compile(r"(shard_\d{5,}|ray_probe)\.[0-9a-f]{12}")  # what tmp_dir and the Ray probe make
+_JSON_TMP = re.compile(r"\.(manifest|state|dataset_info)\.json\.[0-9a-f]{8}")  # what write_json makes here
 
 
 def hash_folder(folder: Path) -> Dict[str, dict]:
@@ -88,14 +96,71 @@ def verify_shard(out_dir: Path, entry: dict) -> Optional[str]:
 
 
 def load_manifest(out_dir: Union[str, Path]) -> dict:
+    """The manifest of ``out_dir``, checked: a damaged or hand-edited one is a ValueError naming the key."""
     path = Path(out_dir) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: {out_dir} holds no glassbox job")
-    with open(path) as f:
-        manifest = json.load(f)
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a glassbox job manifest (format {manifest.get('format')!r})")
+    try:
+        manifest = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is damaged (not valid JSON: {error}); glassbox neither resumes nor deletes "
+                         f"anything in {out_dir}: restore the file or choose a new folder") from None
+    check_manifest(manifest, path)
     return manifest
+
+
+def _bad(path: Path, what: str) -> ValueError:
+    return ValueError(f"{path} is damaged or was edited by hand: {what}; glassbox neither resumes nor deletes "
+                      f"anything in {path.parent}: restore the file or choose a new folder")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_manifest(manifest, path: Path) -> None:
+    """Every field a runner reads, with its type; entries consistent with the plan (see load_manifest)."""
+    if not isinstance(manifest, dict):
+        raise _bad(path, f"it holds a JSON {type(manifest).__name__}, not an object")
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a glassbox job manifest (format {manifest.get('format')!r}, expected "
+                         f"{FORMAT!r}); glassbox neither resumes nor deletes anything in {path.parent}")
+    if manifest.get("version") != VERSION:
+        raise ValueError(f"{path} is a version {manifest.get('version')!r} manifest; this glassbox reads version "
+                         f"{VERSION} (which records the model's fingerprint), so it cannot tell whether the model "
+                         "is the one the job started with: run the job again into a new folder")
+    for key, kind, word in (("job", str, "string"), ("params", dict, "object"), ("model_spec", dict, "object"),
+                            ("fingerprint", dict, "object"), ("plan", list, "list"), ("shards", dict, "object")):
+        if not isinstance(manifest.get(key), kind):
+            raise _bad(path, f"{key!r} must be a JSON {word}, got {type(manifest.get(key)).__name__}")
+    try:
+        plan = check_plan([ShardSpec.from_json(s) if isinstance(s, list) and len(s) == 3 else s
+                           for s in manifest["plan"]])
+    except (TypeError, ValueError) as error:
+        raise _bad(path, f"'plan': {error}") from None
+    for key, entry in manifest["shards"].items():
+        where = f"'shards'[{key!r}]"
+        if not key.isdigit() or int(key) >= len(plan):
+            raise _bad(path, f"{where}: no shard {key} in the plan of {len(plan)}")
+        if not isinstance(entry, dict):
+            raise _bad(path, f"{where} must be an object, got {type(entry).__name__}")
+        spec = plan[int(key)]
+        for field, want in (("index", spec.index), ("start", spec.start), ("stop", spec.stop)):
+            if not _is_int(entry.get(field)) or entry[field] != want:
+                raise _bad(path, f"{where}[{field!r}] is {entry.get(field)!r}, the plan says {want}")
+        files = entry.get("files")
+        if not isinstance(files, dict) or not files:
+            raise _bad(path, f"{where}['files'] must be a non-empty object")
+        for name, info in files.items():
+            parts = Path(name).parts
+            if not name or Path(name).is_absolute() or ".." in parts or "\\" in name:
+                raise _bad(path, f"{where}['files'] names {name!r}, not a path inside the shard's folder")
+            if (not isinstance(info, dict) or not _is_int(info.get("bytes")) or info["bytes"] < 0
+                    or not isinstance(info.get("sha256"), str) or not re.fullmatch(r"[0-9a-f]{64}", info["sha256"])):
+                raise _bad(path, f"{where}['files'][{name!r}] must be {{'bytes': int, 'sha256': 64 hex digits}}, "
+                           f"got {info!r}")
+        if not isinstance(entry.get("sha256"), str):
+            raise _bad(path, f"{where}['sha256'] must be a string")
 
 
 def verify(out_dir: Union[str, Path]) -> Dict[int, str]:
@@ -108,6 +173,69 @@ def verify(out_dir: Union[str, Path]) -> Dict[int, str]:
         if problem is not None:
             problems[index] = problem
     return problems
+
+
+def check_same_job(out_dir: Path, old: dict, header: dict) -> None:
+    """Refuse, naming what changed, a resume whose job differs from the recorded one."""
+    for key in ("params", "model_spec", "plan"):
+        if old[key] != header[key]:
+            where, was, now = _first_difference(old[key], header[key], key)
+            raise ValueError(f"cannot resume {out_dir}: the job's {where} was {json.dumps(was)[:300]}, now "
+                             f"{json.dumps(now)[:300]}; resume with the same inputs or choose a new folder")
+    change = describe_change(old["fingerprint"], header["fingerprint"])
+    if change is not None:
+        raise ValueError(f"cannot resume {out_dir}: {change}; its shards would mix two models. Choose a new folder "
+                         "(or restore the model)")
+
+
+def _first_difference(old, new, where: str):
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new), key=str):
+            if old.get(key, _MISSING) != new.get(key, _MISSING):
+                return _first_difference(old.get(key), new.get(key), f"{where}.{key}")
+    return where, old, new
+
+
+_MISSING = object()
+
+
+def check_no_foreign_files(out_dir: Path, entries: Dict[int, dict], names: List[str]) -> None:
+    """Refuse (before anything is deleted) a committed shard folder holding files the manifest does not
+    record: glassbox never wrote them, so it will neither delete nor keep them as part of the job."""
+    for index, entry in sorted(entries.items()):
+        folder = out_dir / SHARDS / names[index]
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+            raise ValueError(f"{folder} is not the folder glassbox committed (a link or a file); move it away "
+                             "and resume again")
+        if not folder.is_dir():
+            continue
+        extra = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                       if not p.is_dir() and p.relative_to(folder).as_posix() not in entry["files"])
+        if extra:
+            raise ValueError(f"{folder} holds {', '.join(extra[:5])}, which glassbox did not write (its manifest "
+                             "records the shard's files); move them out of the folder and resume again")
+
+
+def remove_debris(out_dir: Path) -> None:
+    """Remove what an interrupted run left, and only that: glassbox's own temporary folders under
+    ``.tmp/`` and temporary manifests (their names are glassbox's); anything else stays."""
+    tmp = out_dir / TMP
+    if tmp.is_dir() and not tmp.is_symlink():
+        for entry in tmp.iterdir():
+            if _TMP_ENTRY.fullmatch(entry.name) and not entry.is_symlink():
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        if not any(tmp.iterdir()):
+            tmp.rmdir()
+    for stale in out_dir.glob(".*.json.*"):  # a write_json interrupted before its rename
+        if _JSON_TMP.fullmatch(stale.name) and stale.is_file():
+            stale.unlink()
+
+
+def tidy(out_dir: Union[str, Path]) -> None:
+    """After a successful run: remove ``.tmp/`` when nothing is left in it."""
+    tmp = Path(out_dir) / TMP
+    if tmp.is_dir() and not tmp.is_symlink() and not any(tmp.iterdir()):
+        tmp.rmdir()
 
 
 def write_json(path: Path, value) -> None:
@@ -150,39 +278,48 @@ class Manifest:
         self.plan = [ShardSpec.from_json(s) for s in header["plan"]]
         self._entries = entries
         self.dropped: Dict[int, str] = {}  # shards found on resume that did not verify, and why
+        self.fingerprint: Optional[Fingerprint] = None
+        self.created = self.new = False
 
     @classmethod
     def open(cls, out_dir: Union[str, Path], job, *, resume: bool = False) -> "Manifest":
         """Open ``out_dir`` for ``job``: a new, empty (or absent) folder, or with ``resume`` an earlier
-        run of the same job (its verified shards kept, debris removed)."""
+        run of the same job (its verified shards kept, glassbox's own debris removed)."""
         out_dir = Path(out_dir)
         plan = check_plan(job.plan())
+        fingerprint = model_fingerprint(job.model_spec())
         header = {"format": FORMAT, "version": VERSION, "job": job.name, "params": job_params(job),
-                  "model_spec": dict(job.model_spec()), "plan": [s.to_json() for s in plan]}
+                  "model_spec": dict(job.model_spec()), "fingerprint": fingerprint.record,
+                  "plan": [s.to_json() for s in plan]}
         header = json.loads(json.dumps(header))  # as it will read back (tuples -> lists)
         if out_dir.exists() and not out_dir.is_dir():
             raise NotADirectoryError(f"out_dir {out_dir} exists and is not a folder")
         present = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
         entries: Dict[int, dict] = {}
-        if (out_dir / MANIFEST).is_file():
+        if MANIFEST in present:
+            old = load_manifest(out_dir)
+            if old["job"] != header["job"]:
+                raise ValueError(f"{out_dir} holds a {old['job']!r} job, not a {header['job']!r} one; choose another "
+                                 "folder")
             if not resume:
                 raise FileExistsError(f"{out_dir} already holds a job ({MANIFEST}); resume it (resume=True, "
                                       "--resume) or choose a new folder")
-            old = load_manifest(out_dir)
-            for key in HEADER_KEYS:
-                if old.get(key) != header[key]:
-                    raise ValueError(f"cannot resume {out_dir}: its job's {key!r} is {old.get(key)!r}, this "
-                                     f"job's is {header[key]!r}")
+            check_same_job(out_dir, old, header)
             entries = {int(k): v for k, v in old["shards"].items()}
-        elif present and not (resume and {p for p in present if not p.startswith(f".{MANIFEST}.")} <= {SHARDS, TMP}):
-            raise FileExistsError(f"out_dir {out_dir} is not empty ({', '.join(present[:5])}) and holds no "
-                                  f"glassbox job; choose a new or empty folder")
+            check_no_foreign_files(out_dir, entries, [s.name for s in plan])
+        elif present:
+            raise FileExistsError(f"out_dir {out_dir} is not empty ({', '.join(present[:5])}) and holds no glassbox "
+                                  f"job ({MANIFEST}); glassbox resumes only a folder it wrote and starts a job only in "
+                                  "a new or empty folder: choose one")
         self = cls(out_dir, header, {})
+        self.fingerprint = fingerprint
         self.created = not out_dir.exists()
+        self.new = not entries and MANIFEST not in present
         out_dir.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(out_dir / TMP, ignore_errors=True)
-        for stale in out_dir.glob(f".{MANIFEST}.*"):  # a manifest write interrupted before its rename
-            stale.unlink()
+        if self.new:
+            self._write()  # the folder is glassbox's from here on: .tmp/ and shards/ come after
+            return self
+        remove_debris(out_dir)
         for index, entry in sorted(entries.items()):
             problem = verify_shard(out_dir, entry)
             if problem is None:
@@ -190,22 +327,26 @@ class Manifest:
             else:
                 self.dropped[index] = problem
         kept = {self.plan[i].name for i in self._entries}
+        planned = {s.name for s in self.plan}
         if (out_dir / SHARDS).is_dir():
             for folder in (out_dir / SHARDS).iterdir():
-                if folder.name not in kept:
+                # a dropped shard, or one renamed into place whose entry was never written
+                if folder.name in planned and folder.name not in kept and not folder.is_symlink():
                     shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
-        if entries:  # a new job's manifest is written by its first commit
-            self._write()
+        self._write()
         return self
 
     def discard_if_empty(self) -> None:
         """After a failure before any commit: remove what ``open`` made, so the same command can run again."""
-        if self._entries or self.path.exists():
+        if self._entries:
             return
-        shutil.rmtree(self.out_dir / TMP, ignore_errors=True)
+        remove_debris(self.out_dir)
+        if not self.new:
+            return  # an earlier run's manifest stays: the job is still resumable
         shards = self.out_dir / SHARDS
-        if shards.is_dir() and not any(shards.iterdir()):
+        if shards.is_dir() and not shards.is_symlink() and not any(shards.iterdir()):
             shards.rmdir()
+        self.path.unlink(missing_ok=True)
         if self.created and self.out_dir.is_dir() and not any(self.out_dir.iterdir()):
             self.out_dir.rmdir()
 

@@ -1,0 +1,169 @@
+"""Output folders: glassbox resumes only a folder it wrote, refuses damaged or foreign manifests, and never
+deletes what it did not write; a successful run leaves no ``.tmp/``.
+
+Every refusal is checked against a byte-for-byte snapshot of the folder taken before the call: a refused
+run changes nothing. The job here is test_scale_job's Squares (no model: its values are hand computations).
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from glassbox.scale import Manifest, load_manifest, run_job, verify
+
+from test_scale_job import SQUARES, Squares  # noqa: E402
+
+
+def snapshot(folder: Path) -> dict:
+    """Every file (bytes) and folder under ``folder``, by relative path."""
+    out = {}
+    for path in sorted(Path(folder).rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        out[name] = "<dir>" if path.is_dir() else path.read_bytes()
+    return out
+
+
+def user_folder(root: Path, *inside: str) -> Path:
+    """A user's folder holding nothing but the named glassbox-looking subfolders, with the user's files in them."""
+    folder = root / "mine"
+    folder.mkdir()
+    for sub in inside:
+        (folder / sub).mkdir()
+        (folder / sub / "data.bin").write_bytes(os.urandom(64))
+    return folder
+
+
+@pytest.mark.parametrize("inside", [("shards",), (".tmp",), ("shards", ".tmp")])
+def test_resume_into_a_folder_without_glassboxs_manifest_is_refused_untouched(tmp_path, inside):
+    folder = user_folder(tmp_path, *inside)
+    before = snapshot(folder)
+    with pytest.raises(FileExistsError, match="holds no glassbox job"):
+        run_job(Squares(), folder, model=object(), progress=False, resume=True)
+    assert snapshot(folder) == before
+
+
+def test_a_folder_holding_only_empty_glassbox_names_is_refused(tmp_path):
+    folder = tmp_path / "out"
+    (folder / "shards").mkdir(parents=True)
+    (folder / ".tmp").mkdir()
+    with pytest.raises(FileExistsError, match="not empty"):
+        run_job(Squares(), folder, model=object(), progress=False, resume=True)
+    assert snapshot(folder) == {"shards": "<dir>", ".tmp": "<dir>"}
+
+
+def finished(tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    assert run_job(Squares(), out, model=object(), progress=False) == SQUARES
+    return out
+
+
+def rewrite(out: Path, change) -> None:
+    manifest = json.loads((out / "manifest.json").read_text())
+    change(manifest)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+DAMAGE = {
+    "not json": (lambda out: (out / "manifest.json").write_text('{"format": "glassbox-scale'), "not valid JSON"),
+    "a list": (lambda out: (out / "manifest.json").write_text("[1, 2]"), "JSON list, not an object"),
+    "shards a list": (lambda out: rewrite(out, lambda m: m.__setitem__("shards", [])), "'shards' must be"),
+    "plan of strings": (lambda out: rewrite(out, lambda m: m.__setitem__("plan", ["0 0 3"])), "'plan'"),
+    "plan with a gap": (lambda out: rewrite(out, lambda m: m["plan"].__setitem__(1, [1, 4, 6])), "'plan'"),
+    "entry off the plan": (lambda out: rewrite(out, lambda m: m["shards"]["1"].__setitem__("start", 2)),
+                           r"'shards'\['1'\]\['start'\] is 2, the plan says 3"),
+    "unplanned entry": (lambda out: rewrite(out, lambda m: m["shards"].__setitem__("7", m["shards"]["0"])),
+                        "no shard 7 in the plan"),
+    "sizes as text": (lambda out: rewrite(out, lambda m: m["shards"]["0"]["files"]["values.json"].__setitem__(
+        "bytes", "12")), "'bytes': int"),
+    "a path outside": (lambda out: rewrite(out, lambda m: m["shards"]["0"]["files"].__setitem__(
+        "../../victim.txt", {"bytes": 1, "sha256": "0" * 64})), "not a path inside the shard's folder"),
+    "no fingerprint": (lambda out: rewrite(out, lambda m: m.pop("fingerprint")), "'fingerprint' must be"),
+    "version 1": (lambda out: rewrite(out, lambda m: m.__setitem__("version", 1)), "version 1 manifest"),
+    "another format": (lambda out: rewrite(out, lambda m: m.__setitem__("format", "other-tool")),
+                       "not a glassbox job manifest"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGE))
+def test_a_damaged_or_hand_edited_manifest_is_refused_and_nothing_is_deleted(tmp_path, case):
+    out = finished(tmp_path)
+    damage, message = DAMAGE[case]
+    damage(out)
+    (out / ".tmp").mkdir()
+    (out / ".tmp" / "shard_00002.0123456789ab").mkdir()  # debris glassbox would remove from a sound folder
+    before = snapshot(out)
+    with pytest.raises(ValueError, match=message) as error:
+        run_job(Squares(), out, model=object(), progress=False, resume=True)
+    assert "manifest.json" in str(error.value)
+    assert snapshot(out) == before
+    with pytest.raises(ValueError, match=message):  # and without resume: the same refusal, not "already holds"
+        run_job(Squares(), out, model=object(), progress=False)
+    assert snapshot(out) == before
+
+
+def test_a_manifest_of_another_job_kind_is_refused_naming_both(tmp_path):
+    out = finished(tmp_path)
+    before = snapshot(out)
+
+    class Cubes(Squares):
+        name = "cubes"
+
+    for resume in (True, False):
+        with pytest.raises(ValueError, match="holds a 'squares' job, not a 'cubes' one"):
+            run_job(Cubes(), out, model=object(), progress=False, resume=resume)
+        assert snapshot(out) == before
+
+
+def test_a_users_files_beside_glassboxs_are_kept_byte_for_byte(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="on purpose"):
+        run_job(Squares(fail_at=2), out, model=object(), progress=False)
+    mine = {"notes.txt": b"mine", "shards/readme.md": b"about the shards", ".tmp/keep.me": b"do not delete",
+            "shards/shard_00009/x.bin": b"a name glassbox's plan does not have", "data-mine.arrow": b"not arrow"}
+    for name, data in mine.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+    (out / ".tmp" / "shard_00002.00000000abcd").mkdir()  # glassbox's debris: removed
+    (out / "shards" / "shard_00003").mkdir()  # a planned shard with no entry (renamed, never recorded): removed
+    (out / "shards" / "shard_00003" / "values.json").write_text("[81, 100]")
+    (out / ".manifest.json.0badc0de").write_text("{")  # a manifest write that never reached its rename
+    resumed = Squares()
+    assert run_job(resumed, out, model=object(), progress=False, resume=True) == SQUARES
+    assert resumed.calls == [2, 3]
+    for name, data in mine.items():
+        assert (out / name).read_bytes() == data, name
+    assert sorted(p.name for p in (out / ".tmp").iterdir()) == ["keep.me"]
+    assert not (out / ".manifest.json.0badc0de").exists()
+    assert verify(out) == {}
+
+
+def test_a_users_file_inside_a_committed_shard_refuses_the_resume_untouched(tmp_path):
+    out = finished(tmp_path)
+    (out / "shards" / "shard_00001" / "mine.txt").write_text("mine")
+    values = out / "shards" / "shard_00002" / "values.json"
+    values.write_text("[0]")  # a corrupted shard, which a sound resume would delete and recompute
+    before = snapshot(out)
+    with pytest.raises(ValueError, match=r"shard_00001 holds mine\.txt, which glassbox did not write"):
+        run_job(Squares(), out, model=object(), progress=False, resume=True)
+    assert snapshot(out) == before
+
+
+def test_a_job_failing_before_a_commit_leaves_a_users_empty_folder_as_it_was(tmp_path):
+    out = tmp_path / "empty"
+    out.mkdir()
+    with pytest.raises(RuntimeError, match="on purpose"):
+        run_job(Squares(fail_at=0), out, model=object(), progress=False)
+    assert out.is_dir() and not any(out.iterdir())
+
+
+def test_a_job_killed_before_its_first_commit_is_resumable(tmp_path):
+    """The manifest is written when the folder is opened, so a folder with only debris is glassbox's."""
+    out = tmp_path / "out"
+    manifest = Manifest.open(out, Squares())
+    manifest.tmp_dir(manifest.plan[0])  # as a SIGKILL mid-shard leaves it
+    assert load_manifest(out)["shards"] == {}
+    resumed = Squares()
+    assert run_job(resumed, out, model=object(), progress=False, resume=True) == SQUARES
+    assert resumed.calls == [0, 1, 2, 3] and not (out / ".tmp").exists()
