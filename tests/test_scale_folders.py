@@ -167,3 +167,27 @@ def test_a_job_killed_before_its_first_commit_is_resumable(tmp_path):
     resumed = Squares()
     assert run_job(resumed, out, model=object(), progress=False, resume=True) == SQUARES
     assert resumed.calls == [0, 1, 2, 3] and not (out / ".tmp").exists()
+
+
+def test_an_exports_consolidation_keeps_a_users_arrow_files(tmp_path):
+    pytest.importorskip("datasets")
+    import numpy as np
+    import torch
+
+    from glassbox import Config, HookedTransformer
+    from glassbox.scale import ArrayWindows, ExportJob
+
+    torch.manual_seed(0)
+    model = HookedTransformer(Config(d_model=8, n_layers=1, n_heads=2, d_vocab=13, n_ctx=7, d_mlp=12))
+    job = ExportJob({"factory": "glassbox.unused:model"}, ArrayWindows(np.arange(24).reshape(4, 6) % 13),
+                    ["blocks.0.hook_resid_post"], batch_size=2, shard_size=2)
+    out = tmp_path / "out"
+    run_job(job, out, model=model, progress=False)
+    mine = {"data-mine.arrow": b"my own arrow file", "data-00000-of-00001.arrow.bak": b"a copy of mine"}
+    for name, data in mine.items():
+        (out / name).write_bytes(data)
+    run_job(job, out, model=model, progress=False, resume=True)  # consolidates again
+    for name, data in mine.items():
+        assert (out / name).read_bytes() == data, name
+    assert sorted(p.name for p in out.glob("data-0*-of-*.arrow")) == ["data-00000-of-00002.arrow",
+                                                                      "data-00001-of-00002.arrow"]

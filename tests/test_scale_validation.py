@@ -32,6 +32,8 @@ def root(tmp_path_factory):
     (root / "bad_ids.jsonl").write_text(json.dumps({"clean": [50256, 7, 50257], "corrupted": [50256, 7, 8],
                                                     "answer": 3, "distractor": 4}) + "\n")
     (root / "broken.jsonl").write_text('{"clean": "a",\n')
+    (root / "long.jsonl").write_text(json.dumps({"clean": [7] * 33, "corrupted": [8] * 33, "answer": 3,
+                                                 "distractor": 4}) + "\n")
     (root / "damaged").mkdir()
     for name in ("model.safetensors", "vocab.json", "merges.txt"):
         (root / "damaged" / name).write_bytes((root / "model" / name).read_bytes())
@@ -78,6 +80,9 @@ def cases(root: Path) -> dict:
                                      "hook_embed"], "none"),
         "export: shard size": (export + ["--hooks", "hook_embed", "--batch-size", "4", "--shard-size", "6"],
                                "multiple of batch_size=4"),
+        "export: windows longer than n_ctx": (export[:-1] + ["33", "--hooks", "hook_embed"], "n_ctx=32"),
+        "sweep: a pair longer than n_ctx": (sweep[:4] + [str(root / "long.jsonl")] + sweep[5:], "n_ctx=32"),
+        "evaluate: a pair longer than n_ctx": (evaluate[:4] + [str(root / "long.jsonl")], "n_ctx=32"),
         "export: zero workers": (export + ["--hooks", "hook_embed", "--workers", "0"], "--workers"),
         "sweep: unknown activation": (sweep[:6] + ["resid_prex"] + sweep[7:], "resid_prex"),
         "sweep: unknown hook template": (sweep[:6] + ["blocks.{L}.hook_nope"] + sweep[7:], "hook_nope"),

@@ -40,6 +40,7 @@ from .job import SCALE_EXTRA, ShardSpec, even_plan
 ACT_DTYPES = ("float16", "float32", "float64")
 DATA_FILE = "data-00000-of-00001.arrow"
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
+_DATA_NAME = re.compile(r"data-\d{5}-of-\d{5}\.arrow")
 
 
 def _datasets():
@@ -121,6 +122,9 @@ class ExportJob:
     def check(self, model) -> None:
         """What ``run_job`` checks before anything runs: the hooks, and the token ids of windows held in memory."""
         self.check_model(model)
+        if self.context_size > model.cfg.n_ctx:
+            raise ValueError(f"windows of {self.context_size} tokens are longer than the model's context, n_ctx="
+                             f"{model.cfg.n_ctx}; use a context size of at most {model.cfg.n_ctx}")
         if isinstance(self.windows, ArrayWindows):
             check_ids(self.windows.windows, model.cfg.d_vocab, 0, self.windows.source)
 
@@ -192,8 +196,10 @@ def consolidate(out_dir: Path, entries: List[dict]) -> Path:
     """Link the shards' arrow files into ``out_dir`` in shard order and write its ``state.json`` and
     ``dataset_info.json`` (SAELens's consolidated layout). Safe to run again (resume)."""
     _, _ = _datasets()
-    for stale in list(out_dir.glob("data-*.arrow")) + [out_dir / "state.json", out_dir / "dataset_info.json"]:
-        if stale.exists():
+    # an earlier consolidation's files (only glassbox's names: a user's other files stay)
+    for stale in [p for p in out_dir.glob("data-*.arrow") if _DATA_NAME.fullmatch(p.name)] + [
+            out_dir / "state.json", out_dir / "dataset_info.json"]:
+        if stale.is_file() or stale.is_symlink():
             stale.unlink()
     names, features = [], None
     for i, entry in enumerate(entries):

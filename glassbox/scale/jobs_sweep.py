@@ -104,7 +104,7 @@ class NodeJob(PairJob):
         """The activation(s) and axes on this model, and every pair's token ids (before anything runs)."""
         activations = [self.activation] if isinstance(self.activation, str) else self.activation
         check_stackable(model, activations, self.axes)
-        self.pairs.check_vocab(model.cfg.d_vocab)
+        super().check(model)
 
     def node_values(self, model, clean: torch.Tensor, corrupted: torch.Tensor, metric) -> PatchResult:
         raise NotImplementedError
