@@ -6,7 +6,7 @@ from pathlib import Path
 import glassbox
 
 # Rank of each layer: a module may import layers of lower rank only. train and scale are siblings.
-RANK = {"hooks": 0, "models": 1, "weights": 2, "interp": 3, "train": 4, "scale": 4, "tl": 5, "cli": 6}
+RANK = {"fs": 0, "hooks": 1, "models": 2, "weights": 3, "interp": 4, "train": 5, "scale": 5, "tl": 6, "cli": 7}
 ORDER = list(RANK)
 ROOT = Path(glassbox.__file__).parent
 

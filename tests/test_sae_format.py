@@ -53,8 +53,8 @@ def test_round_trip_is_bit_exact(tmp_path, case, dtype):
     sae = build(case, dtype)
     sparsity = torch.linspace(-6, 0, D_SAE)
     save_sae(sae, tmp_path / "sae", sparsity=sparsity)
-    assert sorted(p.name for p in (tmp_path / "sae").iterdir()) == ["cfg.json", "sae_weights.safetensors",
-                                                                    "sparsity.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "sae").iterdir()) == [
+        ".glassbox-files.json", "cfg.json", "sae_weights.safetensors", "sparsity.safetensors"]
     back = load_sae(tmp_path / "sae")
     assert type(back) is type(sae) and back.dtype == dtype
     assert back.cfg == dataclasses.replace(sae.cfg, metadata=back.cfg.metadata)
@@ -123,11 +123,11 @@ def test_save_is_atomic_and_refuses_an_existing_folder(tmp_path):
 
 
 def test_unwritable_tensor_leaves_nothing(tmp_path, monkeypatch):
-    import glassbox.interp.sae.format as fmt
+    import safetensors.torch
 
     def boom(*a, **k):
         raise OSError("disk full")
-    monkeypatch.setattr(fmt, "save_file", boom)
+    monkeypatch.setattr(safetensors.torch, "save_file", boom)
     with pytest.raises(OSError, match="disk full"):
         save_sae(build("standard"), tmp_path / "s")
     assert list(tmp_path.iterdir()) == []

@@ -23,22 +23,24 @@ raw inputs). A BatchTopK SAE is saved in its inference form, a JumpReLU SAE (as 
 SAELens BatchTopK training checkpoint (architecture "batchtopk", with its ``topk_threshold``) loads as
 glassbox's ``BatchTopKSAE``.
 
-Writing is atomic: everything goes to a temporary folder beside ``folder``, renamed into place at the
-end, so a failure leaves no half-written folder.
+Writing goes through ``glassbox.fs.FolderWriter``: the files are written under temporary names in the
+folder and renamed into place after a journal, so a failure or a kill leaves the old SAE or the new
+one (``load_sae`` finishes an interrupted save first), never a mix. Only glassbox's own SAE files are
+replaced or removed (``SAE_FILES``, or what the folder's ``.glassbox-files.json`` lists); a README,
+notes or figures in the folder stay. A file where the folder goes is refused.
 """
 
+import errno
 import json
 import math
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Optional, Union
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
+from ...fs import FolderWriter, recover
+from ...fs.legacy import recover_sae_siblings
 from .architectures import TRANSCODERS, BatchTopKSAE, sae_class
 from .base import SAE
 from .config import SAEConfig
@@ -48,6 +50,8 @@ WEIGHTS_FILENAME = "sae_weights.safetensors"
 SPARSITY_FILENAME = "sparsity.safetensors"
 SCALER_FILENAME = "activation_scaler.json"
 WHITENING_FILENAME = "activation_whitening.safetensors"
+# every file an SAE folder may hold: a folder saved without glassbox's record owns these
+SAE_FILES = (CFG_FILENAME, WEIGHTS_FILENAME, SPARSITY_FILENAME, SCALER_FILENAME, WHITENING_FILENAME)
 # the SAELens version whose format this writes (SAELens reads configs of versions < 6 another way)
 SAELENS_FORMAT_VERSION = "6.54.12"
 
@@ -227,6 +231,8 @@ def load_sae(folder: Union[str, Path], device: Union[str, torch.device, None] = 
     ``folder`` may also name an SAE shipped with glassbox (``"glassbox-austen-L1-resid-pre"``: a folder of
     ``glassbox/assets/saes``) when no folder of that name exists."""
     folder = shipped_folder(folder)
+    recover_sae_siblings(folder)
+    recover(folder)  # an interrupted save_sae finished first: never a mix of two SAEs
     cfg_path = folder / CFG_FILENAME
     raw = read_config(folder)
     cfg = config_from_dict(raw, str(cfg_path))
@@ -294,6 +300,7 @@ def read_weights(path: Path, sae: SAE) -> dict:
 
 def load_sparsity(folder: Union[str, Path], device: Union[str, torch.device, None] = None) -> Optional[torch.Tensor]:
     """``sparsity.safetensors``'s ``sparsity`` [d_sae] (log10 feature firing frequency), or None."""
+    recover(folder)
     path = Path(folder) / SPARSITY_FILENAME
     if not path.is_file():
         return None
@@ -330,7 +337,9 @@ def save_sae(sae: SAE, folder: Union[str, Path], sparsity: Optional[torch.Tensor
              overwrite: bool = False) -> Path:
     """Write ``sae`` to ``folder`` in SAELens's format (module docstring); ``sparsity`` [d_sae] (log10
     firing frequencies) goes to ``sparsity.safetensors``. An existing ``folder`` is refused unless
-    ``overwrite``. Returns the folder."""
+    ``overwrite``; then the SAE's files are replaced in place and the folder's other files (a README,
+    notes, figures) are kept (``glassbox.fs.FolderWriter``; a file where the folder goes is refused).
+    Returns the folder."""
     if not isinstance(sae, SAE):
         raise TypeError(f"save_sae takes a glassbox SAE, got {type(sae).__name__}")
     if isinstance(sae, BatchTopKSAE):
@@ -342,6 +351,9 @@ def save_sae(sae: SAE, folder: Union[str, Path], sparsity: Optional[torch.Tensor
     if sae.dtype not in DTYPE_NAMES:
         raise ValueError(f"save_sae: SAELens's format has no dtype {sae.dtype}")
     folder = Path(folder)
+    recover_sae_siblings(folder)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "save_sae: this is a file, not a folder; name a folder", str(folder))
     if folder.exists() and not overwrite:
         raise FileExistsError(f"{folder} exists; pass overwrite=True to replace it")
     if sparsity is not None and (not isinstance(sparsity, torch.Tensor) or tuple(sparsity.shape) != (sae.cfg.d_sae,)):
@@ -349,26 +361,9 @@ def save_sae(sae: SAE, folder: Union[str, Path], sparsity: Optional[torch.Tensor
                          f"{getattr(sparsity, 'shape', type(sparsity).__name__)}")
     config = sae_config_dict(sae)
     tensors = {name: p.detach().to("cpu").contiguous().clone() for name, p in sae.named_parameters()}
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
-    try:
-        save_file(tensors, str(tmp / WEIGHTS_FILENAME))
-        (tmp / CFG_FILENAME).write_text(json.dumps(config))
+    with FolderWriter(folder, "sae", adopt=SAE_FILES) as writer:
+        writer.save_safetensors(WEIGHTS_FILENAME, tensors)
+        writer.write_text(CFG_FILENAME, json.dumps(config))
         if sparsity is not None:
-            save_file({"sparsity": sparsity.detach().to("cpu").contiguous().clone()}, str(tmp / SPARSITY_FILENAME))
-        if folder.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".old", dir=folder.parent))
-            os.replace(folder, old / folder.name)
-            try:
-                os.replace(tmp, folder)
-            except BaseException:
-                os.replace(old / folder.name, folder)
-                raise
-            finally:
-                shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            writer.save_safetensors(SPARSITY_FILENAME, {"sparsity": sparsity.detach().to("cpu").contiguous().clone()})
     return folder
