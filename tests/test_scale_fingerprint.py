@@ -216,3 +216,24 @@ def test_a_ray_worker_that_builds_changed_weights_reports_it(root):
     worker = ShardWorker(None, spec, str(root / "probe"), "token", 1, fingerprint)
     with pytest.raises(ValueError, match="model.safetensors changed after it was fingerprinted"):
         worker.info()
+
+
+def test_a_hub_repo_id_is_fingerprinted_by_its_snapshots_files(root, tmp_path, monkeypatch):
+    from hub_cache import write_hub_cache
+
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    first = write_hub_cache(cache, "org/tiny", root / "model")
+    record = model_fingerprint({"name_or_path": "org/tiny"}).record
+    assert record["files"] == by_hand(first, ["config.json", "model.safetensors"] + TOKENIZER)
+    out = root / "out"
+    options = dict(text=root / "corpus.txt", context_size=11, batch_size=2, shard_size=2, progress=False)
+    export("org/tiny", out, ["blocks.0.hook_resid_post"], **options)
+    half_done(out)
+    before = snapshot(out)
+    save_model(root / "retrained", seed=6)
+    write_hub_cache(cache, "org/tiny", root / "retrained")  # a new commit; refs/main moves to it
+    with pytest.raises(ValueError, match="model's file model.safetensors changed"):
+        export("org/tiny", out, ["blocks.0.hook_resid_post"], resume=True, **options)
+    assert snapshot(out) == before

@@ -128,14 +128,14 @@ def test_a_users_files_beside_glassboxs_are_kept_byte_for_byte(tmp_path):
     (out / ".tmp" / "shard_00002.00000000abcd").mkdir()  # glassbox's debris: removed
     (out / "shards" / "shard_00003").mkdir()  # a planned shard with no entry (renamed, never recorded): removed
     (out / "shards" / "shard_00003" / "values.json").write_text("[81, 100]")
-    (out / ".manifest.json.0badc0de").write_text("{")  # a manifest write that never reached its rename
+    (out / ".glassbox-tmp-0123456789ab-manifest.json").write_text("{")  # a manifest write killed before its rename
     resumed = Squares()
     assert run_job(resumed, out, model=object(), progress=False, resume=True) == SQUARES
     assert resumed.calls == [2, 3]
     for name, data in mine.items():
         assert (out / name).read_bytes() == data, name
     assert sorted(p.name for p in (out / ".tmp").iterdir()) == ["keep.me"]
-    assert not (out / ".manifest.json.0badc0de").exists()
+    assert not (out / ".glassbox-tmp-0123456789ab-manifest.json").exists()
     assert verify(out) == {}
 
 
@@ -191,3 +191,50 @@ def test_an_exports_consolidation_keeps_a_users_arrow_files(tmp_path):
         assert (out / name).read_bytes() == data, name
     assert sorted(p.name for p in out.glob("data-0*-of-*.arrow")) == ["data-00000-of-00002.arrow",
                                                                       "data-00001-of-00002.arrow"]
+
+
+def eval_job_and_model():
+    import torch
+
+    from glassbox import Config, HookedTransformer
+    from glassbox.scale import EvalJob, prompt_pairs
+
+    torch.manual_seed(0)
+    model = HookedTransformer(Config(d_model=8, n_layers=1, n_heads=2, d_vocab=13, n_ctx=7, d_mlp=12))
+    pairs = prompt_pairs([{"clean": [1, 2, 3, 4], "answer": 5}, {"clean": [2, 3, 4, 5], "answer": 6},
+                          {"clean": [3, 4, 5, 6], "answer": 7}])
+    return EvalJob({"factory": "glassbox.unused:model"}, pairs, batch_size=1, shard_size=1), model
+
+
+def test_results_are_written_through_the_folder_writer_with_its_record(tmp_path):
+    job, model = eval_job_and_model()
+    out = tmp_path / "out"
+    result = run_job(job, out, model=model, progress=False)
+    assert json.loads((out / ".glassbox-files.json").read_text()) == {"owner": "scale-eval", "files": ["eval.json"]}
+    assert json.loads((out / "eval.json").read_text()) == result
+    assert sorted(p.name for p in out.iterdir()) == [".glassbox-files.json", "eval.json", "manifest.json", "shards"]
+
+
+def test_a_finalize_that_fails_between_its_renames_is_finished_by_the_next_resume(tmp_path, monkeypatch):
+    import glassbox.fs.folder as folder
+
+    job, model = eval_job_and_model()
+    out = tmp_path / "out"
+    first = run_job(job, out, model=model, progress=False)
+    (out / "notes.txt").write_text("mine")
+    real = os.replace
+
+    def fail_on_the_result(src, dst, *args, **kwargs):
+        if str(dst).endswith("eval.json") and ".glassbox-tmp-" in str(src):
+            raise OSError(5, "I/O error (injected)", str(dst))
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(folder.os, "replace", fail_on_the_result)
+    with pytest.raises(OSError, match="injected"):
+        run_job(job, out, model=model, progress=False, resume=True)
+    assert (out / ".glassbox-journal.json").exists()  # past the commit point: the next open finishes it
+    monkeypatch.setattr(folder.os, "replace", real)
+    assert run_job(job, out, model=model, progress=False, resume=True) == first
+    assert json.loads((out / "eval.json").read_text()) == first
+    assert (out / "notes.txt").read_text() == "mine"
+    assert not [p.name for p in out.iterdir() if p.name.startswith((".glassbox-tmp-", ".glassbox-journal"))]

@@ -11,7 +11,7 @@
 
 Both give ``rows(start, stop)``: int64 [n context_size] on the CPU, and ``describe()``: what the manifest
 records to recognise the same corpus on resume (a checksum of the tokens, or the sha256 of every file of
-the dataset's folder: ~1.5 s per GB, once per run).
+the dataset's folder, once per run: see ``fingerprint.py`` for the cost).
 """
 
 import hashlib

@@ -40,7 +40,6 @@ from .job import SCALE_EXTRA, ShardSpec, even_plan
 ACT_DTYPES = ("float16", "float32", "float64")
 DATA_FILE = "data-00000-of-00001.arrow"
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
-_DATA_NAME = re.compile(r"data-\d{5}-of-\d{5}\.arrow")
 
 
 def _datasets():
@@ -193,42 +192,47 @@ def export_features(hooks: Sequence[str], d_in: dict, context_size: int, act_dty
 
 
 def consolidate(out_dir: Path, entries: List[dict]) -> Path:
-    """Link the shards' arrow files into ``out_dir`` in shard order and write its ``state.json`` and
-    ``dataset_info.json`` (SAELens's consolidated layout). Safe to run again (resume)."""
-    _, _ = _datasets()
-    # an earlier consolidation's files (only glassbox's names: a user's other files stay)
-    for stale in [p for p in out_dir.glob("data-*.arrow") if _DATA_NAME.fullmatch(p.name)] + [
-            out_dir / "state.json", out_dir / "dataset_info.json"]:
-        if stale.is_file() or stale.is_symlink():
-            stale.unlink()
-    names, features = [], None
-    for i, entry in enumerate(entries):
+    """Link the shards' arrow files into ``out_dir`` in shard order with its ``state.json`` and
+    ``dataset_info.json`` (SAELens's consolidated layout), as one ``glassbox.fs`` folder transaction: a
+    glassbox reader sees the old set or the new one, an earlier consolidation's files are replaced and a
+    user's other files kept. Safe to run again (resume)."""
+    from .manifest import outputs
+
+    datasets, _ = _datasets()
+    sources, features = [], None
+    for entry in entries:
         shard = out_dir / "shards" / f"shard_{entry['index']:05d}"
         info = json.loads((shard / "dataset_info.json").read_text())
         if features is None:
             features = info["features"]
         elif info["features"] != features:
             raise ValueError(f"{shard}: its features differ from shard 0's ({info['features']} vs {features})")
-        name = f"data-{i:05d}-of-{len(entries):05d}.arrow"
-        _link_or_copy(shard / DATA_FILE, out_dir / name)
-        names.append(name)
+        sources.append(shard / DATA_FILE)
+    names = [f"data-{i:05d}-of-{len(entries):05d}.arrow" for i in range(len(entries))]
     fingerprint = hashlib.sha256("".join(e["sha256"] for e in entries).encode()).hexdigest()[:16]
-    datasets, _ = _datasets()
-    _write_dataset_json(out_dir, datasets.Features.from_dict(features), names, fingerprint)
-    tmp = out_dir / ".tmp"
-    if tmp.is_dir() and not any(tmp.iterdir()):
-        tmp.rmdir()
+    info, state = _dataset_json(datasets.Features.from_dict(features), names, fingerprint)
+    with outputs(out_dir, "export") as writer:
+        for name, source in zip(names, sources):
+            writer.write_file(name, lambda tmp, source=source: _link_or_copy(source, tmp))
+        writer.write_text("dataset_info.json", json.dumps(info, indent=2, sort_keys=True))
+        writer.write_text("state.json", json.dumps(state, indent=2, sort_keys=True))
     return out_dir
 
 
-def _write_dataset_json(folder: Path, features, data_files: List[str], fingerprint: str) -> None:
-    """The two files ``datasets.load_from_disk`` reads, as ``Dataset.save_to_disk`` writes them."""
+def _dataset_json(features, data_files: List[str], fingerprint: str) -> tuple:
+    """(dataset_info.json, state.json): the two files ``datasets.load_from_disk`` reads, as
+    ``Dataset.save_to_disk`` writes them."""
     state = {"_data_files": [{"filename": f} for f in data_files], "_fingerprint": fingerprint,
              "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
              "_split": None}
     info = {"citation": "", "description": "", "features": features.to_dict(), "homepage": "", "license": ""}
+    return info, state
+
+
+def _write_dataset_json(folder: Path, features, data_files: List[str], fingerprint: str) -> None:
     from .manifest import write_json
 
+    info, state = _dataset_json(features, data_files, fingerprint)
     write_json(folder / "dataset_info.json", info)
     write_json(folder / "state.json", state)  # last: a folder without it does not load, never half-loads
 

@@ -306,7 +306,7 @@ class PairJob:
         raise NotImplementedError
 
     def run_shard(self, model, spec: ShardSpec, tmp_dir: Path) -> dict:
-        from safetensors.torch import save_file
+        from ..fs import save_safetensors
 
         self.pairs.check_vocab(model.cfg.d_vocab, spec.start, spec.stop)
         parts: Dict[str, list] = {}
@@ -315,7 +315,7 @@ class PairJob:
                 parts.setdefault(key, []).append(value.detach().cpu())
         out = {key: torch.cat(values).contiguous() for key, values in parts.items()}
         out["pair_index"] = self.pairs.indices(spec.start, spec.stop)
-        save_file(out, str(Path(tmp_dir) / "values.safetensors"))
+        save_safetensors(Path(tmp_dir) / "values.safetensors", out)
         return {"rows": spec.n_items, "batches": len(self.batches_of(spec))}
 
     def gather(self, out_dir: Path, entries: List[dict]) -> Dict[str, torch.Tensor]:

@@ -129,7 +129,7 @@ class NodeJob(PairJob):
         return entry
 
     def finalize(self, out_dir: Path, entries: List[dict]) -> NodeResult:
-        from safetensors.torch import save_file
+        from .manifest import outputs
 
         values = self.gather(out_dir, entries)
         patched = values["patched"]  # [pair *grid]
@@ -142,13 +142,13 @@ class NodeJob(PairJob):
         result = NodeResult(PatchResult(mean, axes, labels, info["name"], info["metric"]),
                             PatchResult(per_prompt, axes + ("batch",), labels, info["name"], info["metric"]),
                             values["clean"], values["corrupted"])
-        out_dir = Path(out_dir)
-        save_file({"mean": mean, "per_prompt": per_prompt, "clean": result.clean, "corrupted": result.corrupted},
-                  str(out_dir / "result.safetensors"))
         summary = {"job": self.name, **self.job_params(), "axes": list(axes), "labels": labels,
                    "n_prompts": n, "metric_clean_mean": float(result.clean.double().mean()),
                    "metric_corrupted_mean": float(result.corrupted.double().mean())}
-        (out_dir / "result.json").write_text(json.dumps(summary, indent=1))
+        with outputs(out_dir, self.name) as writer:
+            writer.save_safetensors("result.safetensors", {"mean": mean, "per_prompt": per_prompt,
+                                                           "clean": result.clean, "corrupted": result.corrupted})
+            writer.write_text("result.json", json.dumps(summary, indent=1))
         return result
 
 

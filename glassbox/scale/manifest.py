@@ -10,8 +10,8 @@ Layout of ``out_dir``::
 A new job needs a new or empty folder; its ``manifest.json`` is written first (with no shards), so
 every later file is in a folder glassbox marked as its own. A shard is committed in this order: its
 files are written under ``.tmp/shard_XXXXX.<uuid>/``, each file is hashed (sha256) and synced, the
-folder is renamed to ``shards/shard_XXXXX/``, and only then is its entry added to ``manifest.json`` (a
-temporary file renamed over the old one). So a crash at any point leaves either a committed shard or
+folder is renamed to ``shards/shard_XXXXX/``, and only then is its entry added to ``manifest.json``
+(written whole by ``glassbox.fs``: a synced temporary sibling renamed over the old one). So a crash at any point leaves either a committed shard or
 debris: a planned shard's folder without a manifest entry, or glassbox's temporary folders under
 ``.tmp/``, removed when the job is resumed. A shard is never recorded half-written.
 
@@ -26,8 +26,10 @@ entries whose files are all present with their recorded sizes and sha256 are kep
 re-hashed: a resume reads the whole output once) and the rest are recomputed.
 
 What glassbox deletes: only names it makes (``.tmp/shard_XXXXX.<12 hex>``, ``.tmp/ray_probe.<12 hex>``,
-``.manifest.json.<8 hex>``, a planned ``shards/shard_XXXXX`` whose files do not verify or that has no
-entry). A user's other files in the folder, in ``shards/`` or in ``.tmp/`` are left as they are.
+``glassbox.fs``'s ``.glassbox-tmp-*`` leftovers, a planned ``shards/shard_XXXXX`` whose files do not
+verify or that has no entry; and a job's earlier outputs, through the record of ``finalize``'s
+``glassbox.fs.FolderWriter``, see ``outputs``). A user's other files in the folder, in ``shards/`` or in
+``.tmp/`` are left as they are.
 
 A job that fails before any commit leaves nothing behind once the runner calls ``discard_if_empty``,
 so the same command can be run again without ``resume``; ``tidy`` removes an empty ``.tmp/`` after a
@@ -48,6 +50,8 @@ import uuid
 from pathlib import Path
 from typing import Dict, List, Optional, Union
 
+from ..fs import recover, write_text
+from ..fs.atomic import fsync_dir, fsync_file
 from .fingerprint import Fingerprint, describe_change, model_fingerprint, sha256_file
 from .job import ShardSpec, check_plan, job_params
 
@@ -58,7 +62,6 @@ SHARDS = "shards"
 TMP = ".tmp"
 HEADER_KEYS = ("format", "version", "job", "params", "model_spec", "fingerprint", "plan")
 _TMP_ENTRY = re.compile(r"(shard_\d{5,}|ray_probe)\.[0-9a-f]{12}")  # what tmp_dir and the Ray probe make
-_JSON_TMP = re.compile(r"\.(manifest|state|dataset_info)\.json\.[0-9a-f]{8}")  # what write_json makes here
 
 
 def hash_folder(folder: Path) -> Dict[str, dict]:
@@ -218,7 +221,8 @@ def check_no_foreign_files(out_dir: Path, entries: Dict[int, dict], names: List[
 
 def remove_debris(out_dir: Path) -> None:
     """Remove what an interrupted run left, and only that: glassbox's own temporary folders under
-    ``.tmp/`` and temporary manifests (their names are glassbox's); anything else stays."""
+    ``.tmp/``, and in the folder itself what ``glassbox.fs`` left (``.glassbox-tmp-*`` files, a journal
+    of the finalize's outputs it finishes); anything else stays."""
     tmp = out_dir / TMP
     if tmp.is_dir() and not tmp.is_symlink():
         for entry in tmp.iterdir():
@@ -226,9 +230,15 @@ def remove_debris(out_dir: Path) -> None:
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         if not any(tmp.iterdir()):
             tmp.rmdir()
-    for stale in out_dir.glob(".*.json.*"):  # a write_json interrupted before its rename
-        if _JSON_TMP.fullmatch(stale.name) and stale.is_file():
-            stale.unlink()
+    recover(out_dir)  # a manifest write or a finalize interrupted: glassbox.fs finishes or removes it
+
+
+def outputs(out_dir: Union[str, Path], job_name: str):
+    """The ``glassbox.fs.FolderWriter`` a job's ``finalize`` writes its results in ``out_dir`` with: written
+    whole on leaving the block, its earlier results (and only those) replaced, a user's files kept."""
+    from ..fs import FolderWriter
+
+    return FolderWriter(out_dir, owner=f"scale-{job_name}")
 
 
 def tidy(out_dir: Union[str, Path]) -> None:
@@ -239,34 +249,14 @@ def tidy(out_dir: Union[str, Path]) -> None:
 
 
 def write_json(path: Path, value) -> None:
-    """Write ``value`` to ``path`` atomically (a synced temporary file renamed over it)."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _sync_dir(path.parent)
-
-
-def _sync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems cannot sync a folder; the rename is still atomic
-    finally:
-        os.close(fd)
+    """Write ``value`` to ``path`` whole (``glassbox.fs``: a synced temporary sibling renamed over it)."""
+    write_text(path, json.dumps(value, indent=2, sort_keys=True))
 
 
 def _sync_files(folder: Path) -> None:
     for path in folder.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
+        if path.is_file() and not path.is_symlink():
+            fsync_file(path)
 
 
 class Manifest:
@@ -391,7 +381,7 @@ class Manifest:
         if final.exists():  # an uncommitted leftover (its entry was never written)
             shutil.rmtree(final)
         os.replace(tmp_dir, final)
-        _sync_dir(final.parent)
+        fsync_dir(final.parent)
         record = {"index": spec.index, "start": spec.start, "stop": spec.stop, **entry, "files": files,
                   "sha256": combined_sha256(files), "worker": worker or f"pid{os.getpid()}",
                   "host": host or socket.gethostname(), "wall_s": wall_s, "committed_at": time.time()}
