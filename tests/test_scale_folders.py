@@ -81,6 +81,7 @@ DAMAGE = {
         "../../victim.txt", {"bytes": 1, "sha256": "0" * 64})), "not a path inside the shard's folder"),
     "no fingerprint": (lambda out: rewrite(out, lambda m: m.pop("fingerprint")), "'fingerprint' must be"),
     "version 1": (lambda out: rewrite(out, lambda m: m.__setitem__("version", 1)), "version 1 manifest"),
+    "a folder": (lambda out: ((out / "manifest.json").unlink(), (out / "manifest.json").mkdir()), "is not a file"),
     "another format": (lambda out: rewrite(out, lambda m: m.__setitem__("format", "other-tool")),
                        "not a glassbox job manifest"),
 }
@@ -201,8 +202,7 @@ def eval_job_and_model():
 
     torch.manual_seed(0)
     model = HookedTransformer(Config(d_model=8, n_layers=1, n_heads=2, d_vocab=13, n_ctx=7, d_mlp=12))
-    pairs = prompt_pairs([{"clean": [1, 2, 3, 4], "answer": 5}, {"clean": [2, 3, 4, 5], "answer": 6},
-                          {"clean": [3, 4, 5, 6], "answer": 7}])
+    pairs = prompt_pairs([{"clean": [1, 2, 3, 4], "answer": 5}, {"clean": [2, 3, 4, 5], "answer": 6}])
     return EvalJob({"factory": "glassbox.unused:model"}, pairs, batch_size=1, shard_size=1), model
 
 
@@ -238,3 +238,31 @@ def test_a_finalize_that_fails_between_its_renames_is_finished_by_the_next_resum
     assert json.loads((out / "eval.json").read_text()) == first
     assert (out / "notes.txt").read_text() == "mine"
     assert not [p.name for p in out.iterdir() if p.name.startswith((".glassbox-tmp-", ".glassbox-journal"))]
+
+
+def test_a_fault_at_any_file_system_call_leaves_a_folder_the_next_run_completes(tmp_path):
+    """Every file-system call of a whole run (opening the folder, each shard's commit, the results) fails
+    in turn; afterwards the folder is absent, empty, or resumable, and the next run gives the result of
+    an uninterrupted one with a user's file (put in after the fault) kept byte for byte."""
+    from fs_faults import fail_at
+
+    job, model = eval_job_and_model()
+    oracle = run_job(job, tmp_path / "oracle", model=model, progress=False)
+    event = 0
+    while True:
+        event += 1
+        out = tmp_path / f"run{event}"
+        faulted, error = fail_at(event, lambda: run_job(job, out, model=model, progress=False))
+        if not faulted:
+            assert error is None and event > 20, (event, error)
+            break
+        assert error is None or isinstance(error, OSError), (event, error)  # None: a best-effort call failed
+        resumable = (out / "manifest.json").exists()
+        if not resumable:
+            assert not out.exists() or not any(out.iterdir()), (event, sorted(p.name for p in out.rglob("*")))
+        else:
+            (out / "notes.txt").write_text("mine")
+        assert run_job(job, out, model=model, progress=False, resume=resumable) == oracle, event
+        assert json.loads((out / "eval.json").read_text()) == oracle, event
+        assert not resumable or (out / "notes.txt").read_text() == "mine", event
+        assert not [p for p in out.rglob(".glassbox-tmp-*")] and not (out / ".tmp").exists(), event

@@ -101,6 +101,8 @@ def verify_shard(out_dir: Path, entry: dict) -> Optional[str]:
 def load_manifest(out_dir: Union[str, Path]) -> dict:
     """The manifest of ``out_dir``, checked: a damaged or hand-edited one is a ValueError naming the key."""
     path = Path(out_dir) / MANIFEST
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{path} is not a file; glassbox neither resumes nor deletes anything in {out_dir}")
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: {out_dir} holds no glassbox job")
     try:
@@ -334,8 +336,13 @@ class Manifest:
         if not self.new:
             return  # an earlier run's manifest stays: the job is still resumable
         shards = self.out_dir / SHARDS
-        if shards.is_dir() and not shards.is_symlink() and not any(shards.iterdir()):
-            shards.rmdir()
+        if shards.is_dir() and not shards.is_symlink():
+            planned = {s.name for s in self.plan}
+            for folder in shards.iterdir():  # renamed into place by a commit whose manifest write failed
+                if folder.name in planned and not folder.is_symlink():
+                    shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
+            if not any(shards.iterdir()):
+                shards.rmdir()
         self.path.unlink(missing_ok=True)
         if self.created and self.out_dir.is_dir() and not any(self.out_dir.iterdir()):
             self.out_dir.rmdir()
