@@ -266,3 +266,15 @@ def test_a_fault_at_any_file_system_call_leaves_a_folder_the_next_run_completes(
         assert json.loads((out / "eval.json").read_text()) == oracle, event
         assert not resumable or (out / "notes.txt").read_text() == "mine", event
         assert not [p for p in out.rglob(".glassbox-tmp-*")] and not (out / ".tmp").exists(), event
+
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_folder_holding_only_a_killed_first_manifest_write_starts_afresh(tmp_path, resume):
+    """A process killed inside the first manifest write leaves only glassbox.fs's temporary sibling."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".glassbox-tmp-0123456789ab-manifest.json").write_text('{"format": "glassbox-sc')
+    assert run_job(Squares(), out, model=object(), progress=False, resume=resume) == SQUARES
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".glassbox-tmp-")]
+    assert verify(out) == {}

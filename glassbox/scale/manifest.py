@@ -7,8 +7,9 @@ Layout of ``out_dir``::
     shards/shard_00007/    a committed shard's files (whatever the job's ``run_shard`` wrote)
     .tmp/                  shards being computed (``shard_00007.<uuid>/``); debris after a crash
 
-A new job needs a new or empty folder; its ``manifest.json`` is written first (with no shards), so
-every later file is in a folder glassbox marked as its own. A shard is committed in this order: its
+A new job needs a new or empty folder (or one holding only ``glassbox.fs``'s ``.glassbox-tmp-*``
+leftovers: a first manifest write killed before its rename); its ``manifest.json`` is written first
+(with no shards), so every later file is in a folder glassbox marked as its own. A shard is committed in this order: its
 files are written under ``.tmp/shard_XXXXX.<uuid>/``, each file is hashed (sha256) and synced, the
 folder is renamed to ``shards/shard_XXXXX/``, and only then is its entry added to ``manifest.json``
 (written whole by ``glassbox.fs``: a synced temporary sibling renamed over the old one). So a crash at any point leaves either a committed shard or
@@ -50,6 +51,7 @@ import uuid
 from pathlib import Path
 from typing import Dict, List, Optional, Union
 
+from ..fs import TMP_PREFIX as FS_TMP_PREFIX
 from ..fs import recover, write_text
 from ..fs.atomic import fsync_dir, fsync_file
 from .fingerprint import Fingerprint, describe_change, model_fingerprint, sha256_file
@@ -299,7 +301,7 @@ class Manifest:
             check_same_job(out_dir, old, header)
             entries = {int(k): v for k, v in old["shards"].items()}
             check_no_foreign_files(out_dir, entries, [s.name for s in plan])
-        elif present:
+        elif [name for name in present if not name.startswith(FS_TMP_PREFIX)]:
             raise FileExistsError(f"out_dir {out_dir} is not empty ({', '.join(present[:5])}) and holds no glassbox "
                                   f"job ({MANIFEST}); glassbox resumes only a folder it wrote and starts a job only in "
                                   "a new or empty folder: choose one")
@@ -309,6 +311,7 @@ class Manifest:
         self.new = not entries and MANIFEST not in present
         out_dir.mkdir(parents=True, exist_ok=True)
         if self.new:
+            recover(out_dir)  # only a manifest write killed before its rename was here (.glassbox-tmp-*)
             self._write()  # the folder is glassbox's from here on: .tmp/ and shards/ come after
             return self
         remove_debris(out_dir)
