@@ -16,7 +16,8 @@ folder is renamed to ``shards/shard_XXXXX/``, and only then is its entry added t
 debris: a planned shard's folder without a manifest entry, or glassbox's temporary folders under
 ``.tmp/``, removed when the job is resumed. A shard is never recorded half-written.
 
-Resume (``Manifest.open(out_dir, job, resume=True)``) is refused, before anything is deleted, for:
+Resume (``Manifest.open(out_dir, job, resume=True)``) is refused (``manifest_checks.py``), before
+anything is deleted, for:
 a folder with no ``manifest.json`` that is not empty (even one holding only ``shards/`` or ``.tmp/``:
 glassbox resumes only what it wrote); a manifest that is damaged or hand-edited (not JSON, a field
 of the wrong type, an entry that contradicts the plan), of another format version, or of another job
@@ -54,13 +55,11 @@ from typing import Dict, List, Optional, Union
 from ..fs import TMP_PREFIX as FS_TMP_PREFIX
 from ..fs import recover, write_text
 from ..fs.atomic import fsync_dir, fsync_file
-from .fingerprint import Fingerprint, describe_change, model_fingerprint, sha256_file
+from .fingerprint import Fingerprint, model_fingerprint, sha256_file
 from .job import ShardSpec, check_plan, job_params
+from .manifest_checks import (FORMAT, MANIFEST, SHARDS, VERSION, check_no_foreign_files, check_same_job,
+                              load_manifest)
 
-FORMAT = "glassbox-scale-manifest"
-VERSION = 2
-MANIFEST = "manifest.json"
-SHARDS = "shards"
 TMP = ".tmp"
 HEADER_KEYS = ("format", "version", "job", "params", "model_spec", "fingerprint", "plan")
 _TMP_ENTRY = re.compile(r"(shard_\d{5,}|ray_probe)\.[0-9a-f]{12}")  # what tmp_dir and the Ray probe make
@@ -100,76 +99,6 @@ def verify_shard(out_dir: Path, entry: dict) -> Optional[str]:
     return None
 
 
-def load_manifest(out_dir: Union[str, Path]) -> dict:
-    """The manifest of ``out_dir``, checked: a damaged or hand-edited one is a ValueError naming the key."""
-    path = Path(out_dir) / MANIFEST
-    if path.exists() and not path.is_file():
-        raise ValueError(f"{path} is not a file; glassbox neither resumes nor deletes anything in {out_dir}")
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: {out_dir} holds no glassbox job")
-    try:
-        manifest = json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path} is damaged (not valid JSON: {error}); glassbox neither resumes nor deletes "
-                         f"anything in {out_dir}: restore the file or choose a new folder") from None
-    check_manifest(manifest, path)
-    return manifest
-
-
-def _bad(path: Path, what: str) -> ValueError:
-    return ValueError(f"{path} is damaged or was edited by hand: {what}; glassbox neither resumes nor deletes "
-                      f"anything in {path.parent}: restore the file or choose a new folder")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_manifest(manifest, path: Path) -> None:
-    """Every field a runner reads, with its type; entries consistent with the plan (see load_manifest)."""
-    if not isinstance(manifest, dict):
-        raise _bad(path, f"it holds a JSON {type(manifest).__name__}, not an object")
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a glassbox job manifest (format {manifest.get('format')!r}, expected "
-                         f"{FORMAT!r}); glassbox neither resumes nor deletes anything in {path.parent}")
-    if manifest.get("version") != VERSION:
-        raise ValueError(f"{path} is a version {manifest.get('version')!r} manifest; this glassbox reads version "
-                         f"{VERSION} (which records the model's fingerprint), so it cannot tell whether the model "
-                         "is the one the job started with: run the job again into a new folder")
-    for key, kind, word in (("job", str, "string"), ("params", dict, "object"), ("model_spec", dict, "object"),
-                            ("fingerprint", dict, "object"), ("plan", list, "list"), ("shards", dict, "object")):
-        if not isinstance(manifest.get(key), kind):
-            raise _bad(path, f"{key!r} must be a JSON {word}, got {type(manifest.get(key)).__name__}")
-    try:
-        plan = check_plan([ShardSpec.from_json(s) if isinstance(s, list) and len(s) == 3 else s
-                           for s in manifest["plan"]])
-    except (TypeError, ValueError) as error:
-        raise _bad(path, f"'plan': {error}") from None
-    for key, entry in manifest["shards"].items():
-        where = f"'shards'[{key!r}]"
-        if not key.isdigit() or int(key) >= len(plan):
-            raise _bad(path, f"{where}: no shard {key} in the plan of {len(plan)}")
-        if not isinstance(entry, dict):
-            raise _bad(path, f"{where} must be an object, got {type(entry).__name__}")
-        spec = plan[int(key)]
-        for field, want in (("index", spec.index), ("start", spec.start), ("stop", spec.stop)):
-            if not _is_int(entry.get(field)) or entry[field] != want:
-                raise _bad(path, f"{where}[{field!r}] is {entry.get(field)!r}, the plan says {want}")
-        files = entry.get("files")
-        if not isinstance(files, dict) or not files:
-            raise _bad(path, f"{where}['files'] must be a non-empty object")
-        for name, info in files.items():
-            parts = Path(name).parts
-            if not name or Path(name).is_absolute() or ".." in parts or "\\" in name:
-                raise _bad(path, f"{where}['files'] names {name!r}, not a path inside the shard's folder")
-            if (not isinstance(info, dict) or not _is_int(info.get("bytes")) or info["bytes"] < 0
-                    or not isinstance(info.get("sha256"), str) or not re.fullmatch(r"[0-9a-f]{64}", info["sha256"])):
-                raise _bad(path, f"{where}['files'][{name!r}] must be {{'bytes': int, 'sha256': 64 hex digits}}, "
-                           f"got {info!r}")
-        if not isinstance(entry.get("sha256"), str):
-            raise _bad(path, f"{where}['sha256'] must be a string")
-
-
 def verify(out_dir: Union[str, Path]) -> Dict[int, str]:
     """``{shard index: problem}`` for every planned shard that is missing or does not verify ({} = all good)."""
     manifest = load_manifest(out_dir)
@@ -180,47 +109,6 @@ def verify(out_dir: Union[str, Path]) -> Dict[int, str]:
         if problem is not None:
             problems[index] = problem
     return problems
-
-
-def check_same_job(out_dir: Path, old: dict, header: dict) -> None:
-    """Refuse, naming what changed, a resume whose job differs from the recorded one."""
-    for key in ("params", "model_spec", "plan"):
-        if old[key] != header[key]:
-            where, was, now = _first_difference(old[key], header[key], key)
-            raise ValueError(f"cannot resume {out_dir}: the job's {where} was {json.dumps(was)[:300]}, now "
-                             f"{json.dumps(now)[:300]}; resume with the same inputs or choose a new folder")
-    change = describe_change(old["fingerprint"], header["fingerprint"])
-    if change is not None:
-        raise ValueError(f"cannot resume {out_dir}: {change}; its shards would mix two models. Choose a new folder "
-                         "(or restore the model)")
-
-
-def _first_difference(old, new, where: str):
-    if isinstance(old, dict) and isinstance(new, dict):
-        for key in sorted(set(old) | set(new), key=str):
-            if old.get(key, _MISSING) != new.get(key, _MISSING):
-                return _first_difference(old.get(key), new.get(key), f"{where}.{key}")
-    return where, old, new
-
-
-_MISSING = object()
-
-
-def check_no_foreign_files(out_dir: Path, entries: Dict[int, dict], names: List[str]) -> None:
-    """Refuse (before anything is deleted) a committed shard folder holding files the manifest does not
-    record: glassbox never wrote them, so it will neither delete nor keep them as part of the job."""
-    for index, entry in sorted(entries.items()):
-        folder = out_dir / SHARDS / names[index]
-        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-            raise ValueError(f"{folder} is not the folder glassbox committed (a link or a file); move it away "
-                             "and resume again")
-        if not folder.is_dir():
-            continue
-        extra = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
-                       if not p.is_dir() and p.relative_to(folder).as_posix() not in entry["files"])
-        if extra:
-            raise ValueError(f"{folder} holds {', '.join(extra[:5])}, which glassbox did not write (its manifest "
-                             "records the shard's files); move them out of the folder and resume again")
 
 
 def remove_debris(out_dir: Path) -> None:
