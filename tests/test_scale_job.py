@@ -100,7 +100,7 @@ def test_run_local_commits_every_shard_with_its_checksums(tmp_path):
         assert entry["rows"] == entry["stop"] - entry["start"]
         assert entry["worker"] == "local" and entry["wall_s"] >= 0
     assert verify(out) == {}
-    assert not (out / ".tmp").exists() or not any((out / ".tmp").iterdir())
+    assert not (out / ".tmp").exists()
 
 
 def test_a_folder_holding_a_job_is_refused_without_resume(tmp_path):
@@ -108,7 +108,7 @@ def test_a_folder_holding_a_job_is_refused_without_resume(tmp_path):
     run_job(Squares(), out, model=object(), progress=False)
     with pytest.raises(FileExistsError, match="resume"):
         run_job(Squares(), out, model=object(), progress=False)
-    with pytest.raises(ValueError, match="'params'"):
+    with pytest.raises(ValueError, match=r"params\.k was 3, now 4"):
         run_job(Squares(k=4), out, model=object(), progress=False, resume=True)
     other = tmp_path / "other"
     other.mkdir()
@@ -131,7 +131,7 @@ def test_resume_after_a_raising_shard_redoes_only_what_is_missing(tmp_path):
     resumed = Squares()
     assert run_job(resumed, out, model=object(), progress=False, resume=True) == SQUARES
     assert resumed.calls == [2, 3]
-    assert not any((out / ".tmp").iterdir())
+    assert not (out / ".tmp").exists()  # a successful run leaves no .tmp/
     assert shard_files(out) == shard_files(clean)
 
 
@@ -142,14 +142,14 @@ def test_resume_recomputes_a_corrupted_or_missing_shard_and_drops_strays(tmp_pat
     values = out / "shards" / "shard_00001" / "values.json"
     values.write_bytes(values.read_bytes().replace(b"16", b"17"))  # same size, different bytes
     (out / "shards" / "shard_00003" / "sub" / "count.txt").unlink()
-    (out / "shards" / "shard_00009").mkdir()  # a stray folder with no manifest entry
+    (out / "shards" / "shard_00009").mkdir()  # not a planned shard: not glassbox's, so it stays
     problems = verify(out)
     assert sorted(problems) == [1, 3]
     assert "sha256" in problems[1] and "count.txt" in problems[3]
     manifest = Manifest.open(out, Squares(), resume=True)
     assert sorted(manifest.dropped) == [1, 3]
     assert [s.index for s in manifest.pending()] == [1, 3]
-    assert not (out / "shards" / "shard_00009").exists()
+    assert (out / "shards" / "shard_00009").is_dir()
     resumed = Squares()
     assert run_job(resumed, out, model=object(), progress=False, resume=True) == SQUARES
     assert resumed.calls == [1, 3]

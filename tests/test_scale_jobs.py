@@ -216,7 +216,7 @@ def test_resume_skips_verified_shards_and_recomputes_a_damaged_one(model, pairs,
     calls.clear()
     again = run(job(), tmp_path / "r", model, resume=True)
     assert calls == [1] and torch.equal(again.per_prompt.values, fresh.per_prompt.values)
-    with pytest.raises(ValueError, match="cannot resume .* 'params'"):
+    with pytest.raises(ValueError, match=r"cannot resume .*params\.shard_size was 2, now 4"):
         run(SweepJob(SPEC, pairs, "resid_pre", ("layer", "pos"), batch_size=2, shard_size=4), tmp_path / "r", model,
             resume=True)
 

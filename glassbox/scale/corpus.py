@@ -10,7 +10,8 @@
   pretokenizer put in what the model needs). Memory-mapped and opened lazily by each worker.
 
 Both give ``rows(start, stop)``: int64 [n context_size] on the CPU, and ``describe()``: what the manifest
-records to recognise the same corpus on resume (a checksum of the tokens, or the dataset's fingerprint).
+records to recognise the same corpus on resume (a checksum of the tokens, or the sha256 of every file of
+the dataset's folder, once per run: see ``fingerprint.py`` for the cost).
 """
 
 import hashlib
@@ -77,6 +78,7 @@ class DatasetWindows:
                              f"{first.shape} in row 0")
         self._context_size = int(first.shape[0])
         self._fingerprint = getattr(dataset, "_fingerprint", None)
+        self._files = None
 
     def _open(self):
         if self._dataset is None:
@@ -111,9 +113,18 @@ class DatasetWindows:
                              f"{self._context_size} tokens long (got shape {rows.shape})")
         return torch.from_numpy(rows.astype(np.int64))
 
+    def files(self) -> dict:
+        """``{name: {"bytes", "sha256"}}`` of the folder's files (computed once): its data, not its name."""
+        if self._files is None:
+            from .fingerprint import sha256_file
+
+            self._files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+                           for p in sorted(Path(self.path).iterdir()) if p.is_file()}
+        return self._files
+
     def describe(self) -> dict:
         return {"kind": "dataset", "source": self.path, "column": self.column, "n_windows": len(self),
-                "context_size": self.context_size, "fingerprint": self._fingerprint}
+                "context_size": self.context_size, "fingerprint": self._fingerprint, "files": self.files()}
 
 
 def text_windows(path: Union[str, Path], tokenizer, context_size: int, prepend_bos: bool = True) -> ArrayWindows:

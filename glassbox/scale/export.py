@@ -34,6 +34,7 @@ import torch
 
 from ..interp.cache import run_with_cache
 from ..models.hook_shapes import hook_shape
+from .corpus import ArrayWindows
 from .job import SCALE_EXTRA, ShardSpec, even_plan
 
 ACT_DTYPES = ("float16", "float32", "float64")
@@ -117,6 +118,15 @@ class ExportJob:
                 raise ValueError(f"hook {hook!r} has shape [{shape}]; an export stores [batch pos d] or "
                                  "[batch pos head d_head] hooks")
 
+    def check(self, model) -> None:
+        """What ``run_job`` checks before anything runs: the hooks, and the token ids of windows held in memory."""
+        self.check_model(model)
+        if self.context_size > model.cfg.n_ctx:
+            raise ValueError(f"windows of {self.context_size} tokens are longer than the model's context, n_ctx="
+                             f"{model.cfg.n_ctx}; use a context size of at most {model.cfg.n_ctx}")
+        if isinstance(self.windows, ArrayWindows):
+            check_ids(self.windows.windows, model.cfg.d_vocab, 0, self.windows.source)
+
     def activations(self, model, tokens: torch.Tensor) -> dict:
         """``{hook: float [batch pos d_in]}`` on the CPU in ``act_dtype``, for one batch of windows."""
         device = next(model.parameters()).device
@@ -142,6 +152,7 @@ class ExportJob:
         with torch.no_grad():
             for start in range(spec.start, spec.stop, self.batch_size):
                 tokens = self.windows.rows(start, min(start + self.batch_size, spec.stop))
+                check_ids(tokens, model.cfg.d_vocab, start, getattr(self.windows, "path", "the corpus"))
                 acts = self.activations(model, tokens)
                 if writer is None:
                     features = export_features(self.hooks, {h: a.shape[-1] for h, a in acts.items()},
@@ -162,6 +173,16 @@ class ExportJob:
         return consolidate(Path(out_dir), entries)
 
 
+def check_ids(windows, d_vocab: int, first: int, source: str) -> None:
+    """Refuse, naming the window, a token id outside [0, d_vocab) in ``windows`` (window ``first`` first)."""
+    windows = torch.as_tensor(windows)
+    bad = (windows < 0) | (windows >= d_vocab)
+    if bool(bad.any()):
+        row, col = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{source}: window {first + row} holds token id {int(windows[row, col])} at position {col}, "
+                         f"outside the model's vocabulary [0, d_vocab={d_vocab})")
+
+
 def export_features(hooks: Sequence[str], d_in: dict, context_size: int, act_dtype: str):
     """SAELens's cached-activation features: ``Array2D`` per hook, then ``token_ids``."""
     datasets, _ = _datasets()
@@ -171,40 +192,47 @@ def export_features(hooks: Sequence[str], d_in: dict, context_size: int, act_dty
 
 
 def consolidate(out_dir: Path, entries: List[dict]) -> Path:
-    """Link the shards' arrow files into ``out_dir`` in shard order and write its ``state.json`` and
-    ``dataset_info.json`` (SAELens's consolidated layout). Safe to run again (resume)."""
-    _, _ = _datasets()
-    for stale in list(out_dir.glob("data-*.arrow")) + [out_dir / "state.json", out_dir / "dataset_info.json"]:
-        if stale.exists():
-            stale.unlink()
-    names, features = [], None
-    for i, entry in enumerate(entries):
+    """Link the shards' arrow files into ``out_dir`` in shard order with its ``state.json`` and
+    ``dataset_info.json`` (SAELens's consolidated layout), as one ``glassbox.fs`` folder transaction: a
+    glassbox reader sees the old set or the new one, an earlier consolidation's files are replaced and a
+    user's other files kept. Safe to run again (resume)."""
+    from .manifest import outputs
+
+    datasets, _ = _datasets()
+    sources, features = [], None
+    for entry in entries:
         shard = out_dir / "shards" / f"shard_{entry['index']:05d}"
         info = json.loads((shard / "dataset_info.json").read_text())
         if features is None:
             features = info["features"]
         elif info["features"] != features:
             raise ValueError(f"{shard}: its features differ from shard 0's ({info['features']} vs {features})")
-        name = f"data-{i:05d}-of-{len(entries):05d}.arrow"
-        _link_or_copy(shard / DATA_FILE, out_dir / name)
-        names.append(name)
+        sources.append(shard / DATA_FILE)
+    names = [f"data-{i:05d}-of-{len(entries):05d}.arrow" for i in range(len(entries))]
     fingerprint = hashlib.sha256("".join(e["sha256"] for e in entries).encode()).hexdigest()[:16]
-    datasets, _ = _datasets()
-    _write_dataset_json(out_dir, datasets.Features.from_dict(features), names, fingerprint)
-    tmp = out_dir / ".tmp"
-    if tmp.is_dir() and not any(tmp.iterdir()):
-        tmp.rmdir()
+    info, state = _dataset_json(datasets.Features.from_dict(features), names, fingerprint)
+    with outputs(out_dir, "export") as writer:
+        for name, source in zip(names, sources):
+            writer.write_file(name, lambda tmp, source=source: _link_or_copy(source, tmp))
+        writer.write_text("dataset_info.json", json.dumps(info, indent=2, sort_keys=True))
+        writer.write_text("state.json", json.dumps(state, indent=2, sort_keys=True))
     return out_dir
 
 
-def _write_dataset_json(folder: Path, features, data_files: List[str], fingerprint: str) -> None:
-    """The two files ``datasets.load_from_disk`` reads, as ``Dataset.save_to_disk`` writes them."""
+def _dataset_json(features, data_files: List[str], fingerprint: str) -> tuple:
+    """(dataset_info.json, state.json): the two files ``datasets.load_from_disk`` reads, as
+    ``Dataset.save_to_disk`` writes them."""
     state = {"_data_files": [{"filename": f} for f in data_files], "_fingerprint": fingerprint,
              "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
              "_split": None}
     info = {"citation": "", "description": "", "features": features.to_dict(), "homepage": "", "license": ""}
+    return info, state
+
+
+def _write_dataset_json(folder: Path, features, data_files: List[str], fingerprint: str) -> None:
     from .manifest import write_json
 
+    info, state = _dataset_json(features, data_files, fingerprint)
     write_json(folder / "dataset_info.json", info)
     write_json(folder / "state.json", state)  # last: a folder without it does not load, never half-loads
 

@@ -10,7 +10,9 @@ A job (export, sweep, attribution, eval) implements the ``Job`` protocol:
   empty folder) and returns its manifest entry (rows, token range...). It must not write elsewhere.
 - ``finalize(out_dir, entries)`` combines the committed shards (entries in shard order).
 
-Optional members read by the runners: ``params()`` (a JSON dict of the job's parameters, recorded in the
+Optional members read by the runners: ``check(model)`` (refuse what the job cannot compute on this
+model, run by ``run_job`` on the given model or on the spec's meta-device skeleton before any folder
+is opened or any Ray cluster started), ``params()`` (a JSON dict of the job's parameters, recorded in the
 manifest and checked on resume), ``shard_tokens(spec)`` and ``unit`` (what a progress bar counts; items
 of the plan by default).
 
@@ -143,6 +145,29 @@ def build_model(model_spec: dict):
     return model.eval()
 
 
+def skeleton_model(model_spec: dict):
+    """The model a ``name_or_path`` spec builds, on the meta device (its config, hooks and shapes, no weights
+    read), for checking a job before any worker starts; None for a factory spec (not built until a worker
+    runs)."""
+    if "name_or_path" not in model_spec:
+        return None
+    from ..models import HookedTransformer
+    from ..weights.pretrained import config_of
+
+    return HookedTransformer(config_of(model_spec["name_or_path"]), device="meta")
+
+
+def check_job(job, model=None) -> None:
+    """Run ``job.check(model)`` (when the job has one) on ``model``, or on the skeleton of its spec: a bad
+    hook, activation, axis or token id is refused here, before a folder is opened or a cluster started."""
+    check = getattr(job, "check", None)
+    if not callable(check):
+        return
+    model = skeleton_model(dict(job.model_spec())) if model is None else model
+    if model is not None:
+        check(model)
+
+
 def run_job(job, out_dir: Union[str, Path], *, backend: str = "local", ray_address: Optional[str] = None,
             n_workers: Optional[int] = None, resume: bool = False, progress: bool = True, model=None,
             retries: int = 3, cpus_per_worker: int = 1) -> Any:
@@ -162,15 +187,16 @@ def run_job(job, out_dir: Union[str, Path], *, backend: str = "local", ray_addre
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     out_dir = Path(out_dir)
+    if backend == "local" and (ray_address is not None or n_workers is not None):
+        raise ValueError("ray_address and n_workers need backend='ray'")
+    if backend == "ray" and model is not None:
+        raise ValueError("model= is for backend='local'; Ray workers build theirs from job.model_spec()")
+    check_job(job, model)
     if backend == "local":
-        if ray_address is not None or n_workers is not None:
-            raise ValueError("ray_address and n_workers need backend='ray'")
         from .local import run_local
 
         entries = run_local(job, out_dir, resume=resume, progress=progress, model=model)
     else:
-        if model is not None:
-            raise ValueError("model= is for backend='local'; Ray workers build theirs from job.model_spec()")
         try:
             from .ray_backend import run_ray
         except ModuleNotFoundError as error:
@@ -179,4 +205,8 @@ def run_job(job, out_dir: Union[str, Path], *, backend: str = "local", ray_addre
             raise
         entries = run_ray(job, out_dir, address=ray_address, n_workers=n_workers, resume=resume,
                           progress=progress, retries=retries, cpus_per_worker=cpus_per_worker)
-    return job.finalize(out_dir, entries)
+    result = job.finalize(out_dir, entries)
+    from .manifest import tidy
+
+    tidy(out_dir)
+    return result

@@ -23,6 +23,7 @@ Footguns: gradients are needed (never call these under ``torch.inference_mode``)
 one token length for every pair; eap needs one token length per batch, which the length grouping gives.
 """
 
+import json
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
@@ -107,7 +108,10 @@ class EdgeAttributionJob(PairJob):
         values = self.gather(out_dir, entries)
         graph = combine_graphs(values["batch_scores"], values["batch_n"], values["batch_metric_clean"],
                                values["batch_metric_corrupted"], entries[0]["graph"])
-        graph.save_json(Path(out_dir) / "graph.json")
+        from .manifest import outputs
+
+        with outputs(out_dir, self.name) as writer:  # the text Graph.save_json writes
+            writer.write_text("graph.json", json.dumps(graph.to_json(), allow_nan=False))
         return graph
 
 

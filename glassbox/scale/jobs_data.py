@@ -146,6 +146,13 @@ class PromptPairs:
                 if bad:
                     raise ValueError(f"{self.names[i]}: {field} token id {bad[0]} is outside [0, d_vocab={d_vocab})")
 
+    def check_context(self, n_ctx: int) -> None:
+        """Refuse, naming it, a pair longer than the model's context."""
+        for i, length in enumerate(self.lengths()):
+            if length > n_ctx:
+                raise ValueError(f"{self.names[i]}: the prompt is {length} tokens, longer than the model's context "
+                                 f"n_ctx={n_ctx}")
+
     def batches(self, batch_size: int) -> List[Tuple[int, int]]:
         """Item ranges (in job order) of the batches: at most ``batch_size`` pairs, one length each."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -284,6 +291,11 @@ class PairJob:
     def job_params(self) -> dict:
         return {}
 
+    def check(self, model) -> None:
+        """Every pair's token ids against the model's vocabulary and context (before anything runs)."""
+        self.pairs.check_vocab(model.cfg.d_vocab)
+        self.pairs.check_context(model.cfg.n_ctx)
+
     def params(self) -> dict:
         return {"batch_size": self.batch_size, "shard_size": self.shard_size, "pairs": self.pairs.describe(),
                 **self.job_params()}
@@ -295,7 +307,7 @@ class PairJob:
         raise NotImplementedError
 
     def run_shard(self, model, spec: ShardSpec, tmp_dir: Path) -> dict:
-        from safetensors.torch import save_file
+        from ..fs import save_safetensors
 
         self.pairs.check_vocab(model.cfg.d_vocab, spec.start, spec.stop)
         parts: Dict[str, list] = {}
@@ -304,7 +316,7 @@ class PairJob:
                 parts.setdefault(key, []).append(value.detach().cpu())
         out = {key: torch.cat(values).contiguous() for key, values in parts.items()}
         out["pair_index"] = self.pairs.indices(spec.start, spec.stop)
-        save_file(out, str(Path(tmp_dir) / "values.safetensors"))
+        save_safetensors(Path(tmp_dir) / "values.safetensors", out)
         return {"rows": spec.n_items, "batches": len(self.batches_of(spec))}
 
     def gather(self, out_dir: Path, entries: List[dict]) -> Dict[str, torch.Tensor]:

@@ -94,7 +94,10 @@ class EvalJob(PairJob):
         if "logit_diff" in sums:
             result["logit_diff"] = sums["logit_diff"] / n
             result["accuracy_logit_diff"] = sums["logit_diff_correct"] / n
-        (Path(out_dir) / "eval.json").write_text(json.dumps(result, indent=1))
+        from .manifest import outputs
+
+        with outputs(out_dir, self.name) as writer:
+            writer.write_text("eval.json", json.dumps(result, indent=1))
         return result
 
 

@@ -28,7 +28,8 @@ from typing import Dict, List, Optional, Sequence, Union
 import torch
 
 from ..interp.cache import run_with_cache
-from ..interp.patching.engine import ACTIVATIONS, PATCH_AXES, activation_patch, check_activation, resolve_template
+from ..interp.patching.engine import (ACTIVATIONS, PATCH_AXES, activation_patch, check_activation, check_stackable,
+                                      resolve_template)
 from ..interp.patching.metrics import LogitDiff, TargetLoss, TargetProb
 from ..interp.patching.result import PatchResult
 from .jobs_data import PairJob, PromptPairs
@@ -105,6 +106,12 @@ class NodeJob(PairJob):
     def job_params(self) -> dict:
         return {"activation": self.activation, "axes": list(self.axes), "metric": self.metric}
 
+    def check(self, model) -> None:
+        """The activation(s) and axes on this model, and every pair's token ids (before anything runs)."""
+        activations = [self.activation] if isinstance(self.activation, str) else self.activation
+        check_stackable(model, activations, self.axes)
+        super().check(model)
+
     def node_values(self, model, clean: torch.Tensor, corrupted: torch.Tensor, metric) -> PatchResult:
         raise NotImplementedError
 
@@ -128,7 +135,7 @@ class NodeJob(PairJob):
         return entry
 
     def finalize(self, out_dir: Path, entries: List[dict]) -> NodeResult:
-        from safetensors.torch import save_file
+        from .manifest import outputs
 
         values = self.gather(out_dir, entries)
         patched = values["patched"]  # [pair *grid]
@@ -141,13 +148,13 @@ class NodeJob(PairJob):
         result = NodeResult(PatchResult(mean, axes, labels, info["name"], info["metric"]),
                             PatchResult(per_prompt, axes + ("batch",), labels, info["name"], info["metric"]),
                             values["clean"], values["corrupted"])
-        out_dir = Path(out_dir)
-        save_file({"mean": mean, "per_prompt": per_prompt, "clean": result.clean, "corrupted": result.corrupted},
-                  str(out_dir / "result.safetensors"))
         summary = {"job": self.name, **self.job_params(), "axes": list(axes), "labels": labels,
                    "n_prompts": n, "metric_clean_mean": float(result.clean.double().mean()),
                    "metric_corrupted_mean": float(result.corrupted.double().mean())}
-        (out_dir / "result.json").write_text(json.dumps(summary, indent=1))
+        with outputs(out_dir, self.name) as writer:
+            writer.save_safetensors("result.safetensors", {"mean": mean, "per_prompt": per_prompt,
+                                                           "clean": result.clean, "corrupted": result.corrupted})
+            writer.write_text("result.json", json.dumps(summary, indent=1))
         return result
 
 
@@ -201,13 +208,14 @@ def model_and_pairs(model: str, pairs_path, device, dtype, prepend_bos: bool, re
 
 
 def saved_tokenizer(model: str):
-    """The tokenizer saved with the model, or None (then only pairs given as token ids can be read)."""
-    from .export import model_tokenizer
+    """The tokenizer saved with the model, or None (then only pairs given as token ids can be read); a
+    model that cannot be found is an error naming it."""
+    from ..weights.pretrained import TOKENIZER_FILES, load_tokenizer, resolve
 
-    try:
-        return model_tokenizer(model)
-    except ValueError:
+    folder = resolve(model)
+    if not any((folder / f).is_file() for f in TOKENIZER_FILES):
         return None
+    return load_tokenizer(folder)
 
 
 __all__ = ["METRICS", "NodeJob", "NodeResult", "PATCH_AXES", "SweepJob", "pair_metric", "sweep"]

@@ -41,6 +41,7 @@ def run_local(job, out_dir: Path, *, resume: bool = False, progress: bool = True
     try:
         if pending and model is None:
             model = build_model(job.model_spec())
+            manifest.fingerprint.check_unchanged()  # built from the bytes the manifest records
         for spec in pending:
             tmp = manifest.tmp_dir(spec)
             began = time.perf_counter()

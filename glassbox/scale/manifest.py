@@ -1,25 +1,42 @@
-"""The manifest of a job's output folder: shards committed atomically, verified, resumed.
+"""The manifest of a job's output folder: shards committed atomically, verified, resumed; only glassbox's files touched.
 
 Layout of ``out_dir``::
 
-    manifest.json          the job (kind, parameters, model spec, plan) and one entry per committed shard
+    manifest.json          the job (kind, parameters, model spec, model fingerprint, plan) and one entry per
+                           committed shard
     shards/shard_00007/    a committed shard's files (whatever the job's ``run_shard`` wrote)
     .tmp/                  shards being computed (``shard_00007.<uuid>/``); debris after a crash
 
-A shard is committed in this order: its files are written under ``.tmp/shard_XXXXX.<uuid>/``, each file
-is hashed (sha256) and synced, the folder is renamed to ``shards/shard_XXXXX/``, and only then is its
-entry added to ``manifest.json`` (a temporary file renamed over the old one). So a crash at any point
-leaves either a committed shard or debris: a shard folder without a manifest entry, or anything under
-``.tmp/``, is removed when the job is opened again. A shard is never recorded half-written.
+A new job needs a new or empty folder (or one holding only ``glassbox.fs``'s ``.glassbox-tmp-*``
+leftovers: a first manifest write killed before its rename); its ``manifest.json`` is written first
+(with no shards), so every later file is in a folder glassbox marked as its own. A shard is committed in this order: its
+files are written under ``.tmp/shard_XXXXX.<uuid>/``, each file is hashed (sha256) and synced, the
+folder is renamed to ``shards/shard_XXXXX/``, and only then is its entry added to ``manifest.json``
+(written whole by ``glassbox.fs``: a synced temporary sibling renamed over the old one). So a crash at any point leaves either a committed shard or
+debris: a planned shard's folder without a manifest entry, or glassbox's temporary folders under
+``.tmp/``, removed when the job is resumed. A shard is never recorded half-written.
 
-``Manifest.open(out_dir, job, resume=True)`` keeps the entries whose files are all present with their
-recorded sizes and sha256 (re-hashing every byte: a resume reads the whole export once) and drops the
-rest (a corrupted shard is recomputed). The job recorded must equal the job given (kind, parameters,
-model spec, plan), else it is refused, naming the field that differs.
+Resume (``Manifest.open(out_dir, job, resume=True)``) is refused (``manifest_checks.py``), before
+anything is deleted, for:
+a folder with no ``manifest.json`` that is not empty (even one holding only ``shards/`` or ``.tmp/``:
+glassbox resumes only what it wrote); a manifest that is damaged or hand-edited (not JSON, a field
+of the wrong type, an entry that contradicts the plan), of another format version, or of another job
+kind; a job whose parameters, model spec or plan differ, or whose model fingerprint
+(``fingerprint.py``: the sha256 of the model's config, weights and tokenizer files) differs, naming
+what changed; a committed shard's folder holding files the manifest does not record. Otherwise the
+entries whose files are all present with their recorded sizes and sha256 are kept (every byte is
+re-hashed: a resume reads the whole output once) and the rest are recomputed.
 
-A new job's ``manifest.json`` appears with its first committed shard; a job that fails before any
-commit leaves nothing behind once the runner calls ``discard_if_empty``, so the same command can be run
-again without ``resume``.
+What glassbox deletes: only names it makes (``.tmp/shard_XXXXX.<12 hex>``, ``.tmp/ray_probe.<12 hex>``,
+``glassbox.fs``'s ``.glassbox-tmp-*`` leftovers, a planned ``shards/shard_XXXXX`` whose files do not
+verify or that has no entry; and a job's earlier outputs, through the record of ``finalize``'s
+``glassbox.fs.FolderWriter``, see ``outputs``). A user's other files in the folder, in ``shards/`` or in
+``.tmp/`` are left as they are.
+
+A job that fails before any commit leaves nothing behind once the runner calls ``discard_if_empty``,
+so the same command can be run again without ``resume``; ``tidy`` removes an empty ``.tmp/`` after a
+successful run
+(``run_job`` calls it after ``finalize``).
 
 Footgun: one process (the driver) owns the manifest; workers only fill temporary folders.
 """
@@ -27,6 +44,7 @@ Footgun: one process (the driver) owns the manifest; workers only fill temporary
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import time
@@ -34,23 +52,17 @@ import uuid
 from pathlib import Path
 from typing import Dict, List, Optional, Union
 
+from ..fs import TMP_PREFIX as FS_TMP_PREFIX
+from ..fs import recover, write_text
+from ..fs.atomic import fsync_dir, fsync_file
+from .fingerprint import Fingerprint, model_fingerprint, sha256_file
 from .job import ShardSpec, check_plan, job_params
+from .manifest_checks import (FORMAT, MANIFEST, SHARDS, VERSION, check_no_foreign_files, check_same_job,
+                              load_manifest)
 
-FORMAT = "glassbox-scale-manifest"
-VERSION = 1
-MANIFEST = "manifest.json"
-SHARDS = "shards"
 TMP = ".tmp"
-HEADER_KEYS = ("format", "version", "job", "params", "model_spec", "plan")
-_HASH_CHUNK = 1 << 22
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(_HASH_CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
+HEADER_KEYS = ("format", "version", "job", "params", "model_spec", "fingerprint", "plan")
+_TMP_ENTRY = re.compile(r"(shard_\d{5,}|ray_probe)\.[0-9a-f]{12}")  # what tmp_dir and the Ray probe make
 
 
 def hash_folder(folder: Path) -> Dict[str, dict]:
@@ -87,17 +99,6 @@ def verify_shard(out_dir: Path, entry: dict) -> Optional[str]:
     return None
 
 
-def load_manifest(out_dir: Union[str, Path]) -> dict:
-    path = Path(out_dir) / MANIFEST
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: {out_dir} holds no glassbox job")
-    with open(path) as f:
-        manifest = json.load(f)
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a glassbox job manifest (format {manifest.get('format')!r})")
-    return manifest
-
-
 def verify(out_dir: Union[str, Path]) -> Dict[int, str]:
     """``{shard index: problem}`` for every planned shard that is missing or does not verify ({} = all good)."""
     manifest = load_manifest(out_dir)
@@ -110,35 +111,44 @@ def verify(out_dir: Union[str, Path]) -> Dict[int, str]:
     return problems
 
 
+def remove_debris(out_dir: Path) -> None:
+    """Remove what an interrupted run left, and only that: glassbox's own temporary folders under
+    ``.tmp/``, and in the folder itself what ``glassbox.fs`` left (``.glassbox-tmp-*`` files, a journal
+    of the finalize's outputs it finishes); anything else stays."""
+    tmp = out_dir / TMP
+    if tmp.is_dir() and not tmp.is_symlink():
+        for entry in tmp.iterdir():
+            if _TMP_ENTRY.fullmatch(entry.name) and not entry.is_symlink():
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        if not any(tmp.iterdir()):
+            tmp.rmdir()
+    recover(out_dir)  # a manifest write or a finalize interrupted: glassbox.fs finishes or removes it
+
+
+def outputs(out_dir: Union[str, Path], job_name: str):
+    """The ``glassbox.fs.FolderWriter`` a job's ``finalize`` writes its results in ``out_dir`` with: written
+    whole on leaving the block, its earlier results (and only those) replaced, a user's files kept."""
+    from ..fs import FolderWriter
+
+    return FolderWriter(out_dir, owner=f"scale-{job_name}")
+
+
+def tidy(out_dir: Union[str, Path]) -> None:
+    """After a successful run: remove ``.tmp/`` when nothing is left in it."""
+    tmp = Path(out_dir) / TMP
+    if tmp.is_dir() and not tmp.is_symlink() and not any(tmp.iterdir()):
+        tmp.rmdir()
+
+
 def write_json(path: Path, value) -> None:
-    """Write ``value`` to ``path`` atomically (a synced temporary file renamed over it)."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _sync_dir(path.parent)
-
-
-def _sync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems cannot sync a folder; the rename is still atomic
-    finally:
-        os.close(fd)
+    """Write ``value`` to ``path`` whole (``glassbox.fs``: a synced temporary sibling renamed over it)."""
+    write_text(path, json.dumps(value, indent=2, sort_keys=True))
 
 
 def _sync_files(folder: Path) -> None:
     for path in folder.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
+        if path.is_file() and not path.is_symlink():
+            fsync_file(path)
 
 
 class Manifest:
@@ -150,39 +160,49 @@ class Manifest:
         self.plan = [ShardSpec.from_json(s) for s in header["plan"]]
         self._entries = entries
         self.dropped: Dict[int, str] = {}  # shards found on resume that did not verify, and why
+        self.fingerprint: Optional[Fingerprint] = None
+        self.created = self.new = False
 
     @classmethod
     def open(cls, out_dir: Union[str, Path], job, *, resume: bool = False) -> "Manifest":
         """Open ``out_dir`` for ``job``: a new, empty (or absent) folder, or with ``resume`` an earlier
-        run of the same job (its verified shards kept, debris removed)."""
+        run of the same job (its verified shards kept, glassbox's own debris removed)."""
         out_dir = Path(out_dir)
         plan = check_plan(job.plan())
+        fingerprint = model_fingerprint(job.model_spec())
         header = {"format": FORMAT, "version": VERSION, "job": job.name, "params": job_params(job),
-                  "model_spec": dict(job.model_spec()), "plan": [s.to_json() for s in plan]}
+                  "model_spec": dict(job.model_spec()), "fingerprint": fingerprint.record,
+                  "plan": [s.to_json() for s in plan]}
         header = json.loads(json.dumps(header))  # as it will read back (tuples -> lists)
         if out_dir.exists() and not out_dir.is_dir():
             raise NotADirectoryError(f"out_dir {out_dir} exists and is not a folder")
         present = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
         entries: Dict[int, dict] = {}
-        if (out_dir / MANIFEST).is_file():
+        if MANIFEST in present:
+            old = load_manifest(out_dir)
+            if old["job"] != header["job"]:
+                raise ValueError(f"{out_dir} holds a {old['job']!r} job, not a {header['job']!r} one; choose another "
+                                 "folder")
             if not resume:
                 raise FileExistsError(f"{out_dir} already holds a job ({MANIFEST}); resume it (resume=True, "
                                       "--resume) or choose a new folder")
-            old = load_manifest(out_dir)
-            for key in HEADER_KEYS:
-                if old.get(key) != header[key]:
-                    raise ValueError(f"cannot resume {out_dir}: its job's {key!r} is {old.get(key)!r}, this "
-                                     f"job's is {header[key]!r}")
+            check_same_job(out_dir, old, header)
             entries = {int(k): v for k, v in old["shards"].items()}
-        elif present and not (resume and {p for p in present if not p.startswith(f".{MANIFEST}.")} <= {SHARDS, TMP}):
-            raise FileExistsError(f"out_dir {out_dir} is not empty ({', '.join(present[:5])}) and holds no "
-                                  f"glassbox job; choose a new or empty folder")
+            check_no_foreign_files(out_dir, entries, [s.name for s in plan])
+        elif [name for name in present if not name.startswith(FS_TMP_PREFIX)]:
+            raise FileExistsError(f"out_dir {out_dir} is not empty ({', '.join(present[:5])}) and holds no glassbox "
+                                  f"job ({MANIFEST}); glassbox resumes only a folder it wrote and starts a job only in "
+                                  "a new or empty folder: choose one")
         self = cls(out_dir, header, {})
+        self.fingerprint = fingerprint
         self.created = not out_dir.exists()
+        self.new = not entries and MANIFEST not in present
         out_dir.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(out_dir / TMP, ignore_errors=True)
-        for stale in out_dir.glob(f".{MANIFEST}.*"):  # a manifest write interrupted before its rename
-            stale.unlink()
+        if self.new:
+            recover(out_dir)  # only a manifest write killed before its rename was here (.glassbox-tmp-*)
+            self._write()  # the folder is glassbox's from here on: .tmp/ and shards/ come after
+            return self
+        remove_debris(out_dir)
         for index, entry in sorted(entries.items()):
             problem = verify_shard(out_dir, entry)
             if problem is None:
@@ -190,22 +210,31 @@ class Manifest:
             else:
                 self.dropped[index] = problem
         kept = {self.plan[i].name for i in self._entries}
+        planned = {s.name for s in self.plan}
         if (out_dir / SHARDS).is_dir():
             for folder in (out_dir / SHARDS).iterdir():
-                if folder.name not in kept:
+                # a dropped shard, or one renamed into place whose entry was never written
+                if folder.name in planned and folder.name not in kept and not folder.is_symlink():
                     shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
-        if entries:  # a new job's manifest is written by its first commit
-            self._write()
+        self._write()
         return self
 
     def discard_if_empty(self) -> None:
         """After a failure before any commit: remove what ``open`` made, so the same command can run again."""
-        if self._entries or self.path.exists():
+        if self._entries:
             return
-        shutil.rmtree(self.out_dir / TMP, ignore_errors=True)
+        remove_debris(self.out_dir)
+        if not self.new:
+            return  # an earlier run's manifest stays: the job is still resumable
         shards = self.out_dir / SHARDS
-        if shards.is_dir() and not any(shards.iterdir()):
-            shards.rmdir()
+        if shards.is_dir() and not shards.is_symlink():
+            planned = {s.name for s in self.plan}
+            for folder in shards.iterdir():  # renamed into place by a commit whose manifest write failed
+                if folder.name in planned and not folder.is_symlink():
+                    shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
+            if not any(shards.iterdir()):
+                shards.rmdir()
+        self.path.unlink(missing_ok=True)
         if self.created and self.out_dir.is_dir() and not any(self.out_dir.iterdir()):
             self.out_dir.rmdir()
 
@@ -250,7 +279,7 @@ class Manifest:
         if final.exists():  # an uncommitted leftover (its entry was never written)
             shutil.rmtree(final)
         os.replace(tmp_dir, final)
-        _sync_dir(final.parent)
+        fsync_dir(final.parent)
         record = {"index": spec.index, "start": spec.start, "stop": spec.stop, **entry, "files": files,
                   "sha256": combined_sha256(files), "worker": worker or f"pid{os.getpid()}",
                   "host": host or socket.gethostname(), "wall_s": wall_s, "committed_at": time.time()}

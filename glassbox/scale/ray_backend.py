@@ -70,6 +70,28 @@ def _died_errors(ray) -> tuple:
                                                 "OutOfMemoryError", "LocalRayletDiedError") if hasattr(ex, name))
 
 
+# Errors a worker raises about the job's inputs: they reach the caller as the same type and one line,
+# as they would in-process (so the CLI prints them as one line too).
+USER_ERRORS = (ValueError, KeyError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError,
+               PermissionError)
+
+
+def worker_error(error, where: str) -> Exception:
+    """The exception to raise for a worker's ``RayTaskError``: its cause's type with ``where`` and the
+    cause's own message when it is one of ``USER_ERRORS``; else a RuntimeError carrying Ray's text
+    (with the worker's traceback)."""
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, USER_ERRORS):
+        message = cause.args[0] if isinstance(cause, KeyError) and cause.args else str(cause)
+        try:
+            again = type(cause)(f"{where}: {message}")
+        except Exception:  # noqa: BLE001 - a type that takes other arguments
+            again = None
+        if again is not None and again.args and str(again.args[0]).startswith(where):
+            return again
+    return RuntimeError(f"{where} raised: {error}")
+
+
 def _shard_text(spec) -> str:
     return f"shard {spec.index} ({spec.name}, items {spec.start}:{spec.stop})"
 
@@ -137,7 +159,7 @@ def _on_cluster(ray, job, manifest, pending, model_spec, gpus, n_workers, retrie
     needs = {"CPU": cpus_per_worker, **({"GPU": gpus} if gpus else {})}
     actor_class = ray.remote(ShardWorker).options(num_cpus=cpus_per_worker, num_gpus=gpus, max_restarts=0,
                                                   max_task_retries=0)
-    args = (ray.put(job), worker_model_spec(model_spec, gpus), probe, token, cpus_per_worker)
+    args = (ray.put(job), worker_model_spec(model_spec, gpus), probe, token, cpus_per_worker, manifest.fingerprint)
     pool = _Pool(ray, actor_class, args, needs)
     bar = progress_bar(job, manifest, progress)
     try:
@@ -220,6 +242,9 @@ def _drive(ray, job, manifest, pool, queue, n_workers, retries, start_timeout_s,
             actor, _ = pool.starting.pop(ref)
             try:
                 info = ray.get(ref)
+            except ray.exceptions.RayTaskError as error:  # the worker could not start: its own error
+                raise worker_error(error, "a Ray worker could not start (building the model from "
+                                          f"{pool.args[1]})") from error
             except died as error:
                 if getattr(error, "actor_init_failed", False):
                     raise RuntimeError(f"a Ray worker could not start (building the model from "
@@ -250,8 +275,8 @@ def _drive(ray, job, manifest, pool, queue, n_workers, retries, start_timeout_s,
             continue
         except ray.exceptions.RayTaskError as error:
             shutil.rmtree(tmp, ignore_errors=True)  # a shard that raised leaves nothing
-            raise RuntimeError(f"{_shard_text(spec)} raised in run_shard on {_worker_name(info)} at "
-                               f"{info.get('host')}: {error}") from error
+            raise worker_error(error, f"{_shard_text(spec)} on Ray worker {_worker_name(info)} at "
+                                      f"{info.get('host')}") from error
         entry = dict(result["entry"])
         entry["attempts"] = attempts[spec.index] + 1
         manifest.commit(spec, tmp, entry, wall_s=result["wall_s"], worker=_worker_name(info), host=info["host"])

@@ -75,7 +75,16 @@ def worker_model_spec(model_spec: dict, n_gpus: int) -> dict:
 class ShardWorker:
     """One model replica (built once from the job's model spec) that runs the job's shards one at a time."""
 
-    def __init__(self, job, model_spec: dict, probe: str, token: str, threads: int):
+    def __init__(self, job, model_spec: dict, probe: str, token: str, threads: int, fingerprint=None):
+        # An error here is kept and raised by info(), the driver's readiness probe: then it reaches the
+        # driver as the task error it is (its type and message), not as an actor that died.
+        self.error = None
+        try:
+            self._start(job, model_spec, probe, token, threads, fingerprint)
+        except Exception as error:  # noqa: BLE001 - reported by info()
+            self.error = error
+
+    def _start(self, job, model_spec, probe, token, threads, fingerprint) -> None:
         # The driver wrote ``token`` into ``probe`` (under out_dir/.tmp/): if this worker cannot read it
         # back, out_dir is not on a filesystem shared with the driver, which could never commit its files.
         try:
@@ -91,9 +100,13 @@ class ShardWorker:
         torch.set_num_threads(int(threads))  # Ray sets OMP_NUM_THREADS too; torch may have read it already
         self.job = job
         self.model = build_model(model_spec)
+        if fingerprint is not None:  # the model files the driver hashed, unchanged since
+            fingerprint.check_unchanged(f" (seen by a Ray worker on {socket.gethostname()})")
 
     def info(self) -> dict:
         """Who this worker is: pid, host, Ray node and actor ids (also the readiness probe)."""
+        if self.error is not None:
+            raise self.error
         import ray
 
         context = ray.get_runtime_context()
