@@ -13,8 +13,10 @@ nothing of glassbox and no torch at import time.
 
 from .atomic import (TMP_PREFIX, append_text, as_os_error, open_log, save_safetensors, save_torch, write_bytes,
                      write_file, write_text)
+from .staged import commit_staged, discard_tree, remove_empty_dir, remove_tree
 from .folder import JOURNAL, RECORD, FolderStateError, FolderWriter, owned_files, read_record, recover, remove_entries
 
 __all__ = ["FolderStateError", "FolderWriter", "JOURNAL", "RECORD", "TMP_PREFIX", "append_text", "as_os_error",
+           "commit_staged", "discard_tree", "remove_empty_dir", "remove_tree",
            "open_log", "owned_files", "read_record", "recover", "remove_entries", "save_safetensors", "save_torch",
            "write_bytes", "write_file", "write_text"]

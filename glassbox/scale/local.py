@@ -3,11 +3,11 @@
 Imports neither Ray nor ``datasets`` (a job's ``run_shard`` may import what it writes with).
 """
 
-import shutil
 import time
 from pathlib import Path
 from typing import List, Optional
 
+from ..fs.staged import discard_tree
 from .job import build_model, progress_unit, shard_weight
 from .manifest import Manifest
 
@@ -49,7 +49,7 @@ def run_local(job, out_dir: Path, *, resume: bool = False, progress: bool = True
                 entry = job.run_shard(model, spec, tmp)
                 manifest.commit(spec, tmp, dict(entry), wall_s=time.perf_counter() - began, worker="local")
             except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)  # a shard that raised leaves nothing (a kill leaves .tmp/)
+                discard_tree(tmp)  # a shard that raised leaves nothing (a kill leaves .tmp/)
                 raise
             if bar is not None:
                 bar.update(shard_weight(job, spec))

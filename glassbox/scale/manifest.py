@@ -45,7 +45,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import socket
 import time
 import uuid
@@ -54,7 +53,7 @@ from typing import Dict, List, Optional, Union
 
 from ..fs import TMP_PREFIX as FS_TMP_PREFIX
 from ..fs import recover, write_text
-from ..fs.atomic import fsync_dir, fsync_file
+from ..fs.staged import commit_staged, remove_empty_dir, remove_tree
 from .fingerprint import Fingerprint, model_fingerprint, sha256_file
 from .job import ShardSpec, check_plan, job_params
 from .manifest_checks import (FORMAT, MANIFEST, SHARDS, VERSION, check_no_foreign_files, check_same_job,
@@ -119,9 +118,8 @@ def remove_debris(out_dir: Path) -> None:
     if tmp.is_dir() and not tmp.is_symlink():
         for entry in tmp.iterdir():
             if _TMP_ENTRY.fullmatch(entry.name) and not entry.is_symlink():
-                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-        if not any(tmp.iterdir()):
-            tmp.rmdir()
+                remove_tree(entry)
+        remove_empty_dir(tmp)
     recover(out_dir)  # a manifest write or a finalize interrupted: glassbox.fs finishes or removes it
 
 
@@ -135,20 +133,12 @@ def outputs(out_dir: Union[str, Path], job_name: str):
 
 def tidy(out_dir: Union[str, Path]) -> None:
     """After a successful run: remove ``.tmp/`` when nothing is left in it."""
-    tmp = Path(out_dir) / TMP
-    if tmp.is_dir() and not tmp.is_symlink() and not any(tmp.iterdir()):
-        tmp.rmdir()
+    remove_empty_dir(Path(out_dir) / TMP)
 
 
 def write_json(path: Path, value) -> None:
     """Write ``value`` to ``path`` whole (``glassbox.fs``: a synced temporary sibling renamed over it)."""
     write_text(path, json.dumps(value, indent=2, sort_keys=True))
-
-
-def _sync_files(folder: Path) -> None:
-    for path in folder.rglob("*"):
-        if path.is_file() and not path.is_symlink():
-            fsync_file(path)
 
 
 class Manifest:
@@ -215,7 +205,7 @@ class Manifest:
             for folder in (out_dir / SHARDS).iterdir():
                 # a dropped shard, or one renamed into place whose entry was never written
                 if folder.name in planned and folder.name not in kept and not folder.is_symlink():
-                    shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
+                    remove_tree(folder)
         self._write()
         return self
 
@@ -231,12 +221,11 @@ class Manifest:
             planned = {s.name for s in self.plan}
             for folder in shards.iterdir():  # renamed into place by a commit whose manifest write failed
                 if folder.name in planned and not folder.is_symlink():
-                    shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
-            if not any(shards.iterdir()):
-                shards.rmdir()
-        self.path.unlink(missing_ok=True)
-        if self.created and self.out_dir.is_dir() and not any(self.out_dir.iterdir()):
-            self.out_dir.rmdir()
+                    remove_tree(folder)
+            remove_empty_dir(shards)
+        remove_tree(self.path)
+        if self.created:
+            remove_empty_dir(self.out_dir)
 
     @property
     def path(self) -> Path:
@@ -273,13 +262,8 @@ class Manifest:
         files = hash_folder(tmp_dir)
         if not files:
             raise ValueError(f"shard {spec.index}: run_shard wrote no files under {tmp_dir}")
-        _sync_files(tmp_dir)
-        final = self.out_dir / SHARDS / spec.name
-        final.parent.mkdir(exist_ok=True)
-        if final.exists():  # an uncommitted leftover (its entry was never written)
-            shutil.rmtree(final)
-        os.replace(tmp_dir, final)
-        fsync_dir(final.parent)
+        # glassbox.fs flushes the shard, replaces an uncommitted leftover (its entry was never written) and renames
+        commit_staged(tmp_dir, self.out_dir / SHARDS / spec.name)
         record = {"index": spec.index, "start": spec.start, "stop": spec.stop, **entry, "files": files,
                   "sha256": combined_sha256(files), "worker": worker or f"pid{os.getpid()}",
                   "host": host or socket.gethostname(), "wall_s": wall_s, "committed_at": time.time()}

@@ -41,12 +41,13 @@ retries.
 """
 
 import collections
-import shutil
 import time
 import uuid
 from pathlib import Path
 from typing import List, Optional
 
+from ..fs.atomic import write_text
+from ..fs.staged import discard_tree
 from .job import shard_weight
 from .local import progress_bar
 from .manifest import TMP, Manifest
@@ -135,8 +136,7 @@ def _run(job, manifest, pending, address, n_workers, retries, cpus_per_worker, s
     num_cpus = n_workers * cpus_per_worker if n_workers is not None else None
     probe = manifest.out_dir / TMP / f"ray_probe.{uuid.uuid4().hex[:12]}"
     token = uuid.uuid4().hex
-    probe.parent.mkdir(parents=True, exist_ok=True)
-    probe.write_text(token)
+    write_text(probe, token)
     try:
         with ray_cluster(address, num_cpus=num_cpus):
             # Every Ray handle (actors, the job's object ref) lives in this call's frame only, so it is
@@ -144,7 +144,7 @@ def _run(job, manifest, pending, address, n_workers, retries, cpus_per_worker, s
             _on_cluster(ray, job, manifest, pending, model_spec, gpus, n_workers, retries, cpus_per_worker,
                         start_timeout_s, progress, str(probe), token)
     finally:
-        probe.unlink(missing_ok=True)
+        discard_tree(probe)
 
 
 def _on_cluster(ray, job, manifest, pending, model_spec, gpus, n_workers, retries, cpus_per_worker,
@@ -262,7 +262,7 @@ def _drive(ray, job, manifest, pool, queue, n_workers, retries, start_timeout_s,
             result = ray.get(ref)
         except died as error:
             pool.kill(actor)
-            shutil.rmtree(tmp, ignore_errors=True)  # the dead attempt's partial files; never committed
+            discard_tree(tmp)  # the dead attempt's partial files; never committed
             attempts[spec.index] += 1
             if attempts[spec.index] > retries:
                 raise RuntimeError(f"{_shard_text(spec)} failed: its Ray worker died {attempts[spec.index]} "
@@ -274,7 +274,7 @@ def _drive(ray, job, manifest, pool, queue, n_workers, retries, start_timeout_s,
             show()
             continue
         except ray.exceptions.RayTaskError as error:
-            shutil.rmtree(tmp, ignore_errors=True)  # a shard that raised leaves nothing
+            discard_tree(tmp)  # a shard that raised leaves nothing
             raise worker_error(error, f"{_shard_text(spec)} on Ray worker {_worker_name(info)} at "
                                       f"{info.get('host')}") from error
         entry = dict(result["entry"])
