@@ -90,3 +90,13 @@ def small_hf():
 @pytest.fixture(scope="session")
 def small_model(small_hf):
     return HookedTransformer.from_hf(small_hf)
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    """A test that runs a command in-process with ``--threads`` (torch.set_num_threads) must not change the
+    thread count of the tests after it: bit-for-bit comparisons with a subprocess depend on it."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)

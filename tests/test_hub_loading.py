@@ -512,6 +512,7 @@ FAMILY_BOUNDS = {
     "gpt2": 1.5e-5,  # measured 1.4e-6 (4.6): 10x
     "llama": 2e-5,  # measured 2.1e-6 (5.7): 9x
     "mistral": 3e-5,  # measured 2.9e-6 (5.8): 10x
+    "ministral": 3e-5,  # measured 3.1e-6 (5.8): 10x
     "gptj": 1.5e-5,  # measured 1.4e-6 (5.3): 10x
     "qwen2": 1.2e-4,  # measured 1.25e-5 (7.5): 10x
     "qwen3": 6e-5,  # measured 6.0e-6 (4.3): 10x

@@ -47,6 +47,21 @@ def make_hf_mistral(seed=0, **config_overrides):
     return model.eval()
 
 
+def make_hf_ministral(seed=0, **config_overrides):
+    """``make_hf_mistral``'s model as transformers' Ministral (what AutoConfig makes of a Mistral folder with
+    ``layer_types``): per-layer sliding and full attention, window 5."""
+    from transformers import MinistralConfig, MinistralForCausalLM
+
+    torch.manual_seed(seed)
+    fields = {**SIZES, "initializer_range": 0.3, "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2,
+              "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}, "sliding_window": 5,
+              "layer_types": ["sliding_attention", "full_attention"][:SIZES.get("num_hidden_layers", 2)],
+              **config_overrides}
+    model = MinistralForCausalLM(MinistralConfig(**fields, attn_implementation="eager"))
+    perturb_vectors(model)
+    return model.eval()
+
+
 @pytest.fixture
 def tokens():
     return torch.randint(0, SIZES["vocab_size"], (3, 23), generator=torch.Generator().manual_seed(1))

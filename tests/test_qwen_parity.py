@@ -432,7 +432,7 @@ def test_config_from_refuses_what_glassbox_does_not_compute():
         config_from_qwen2(partial)
     chunked = Qwen3Config(**{**SIZES["qwen3"], "num_hidden_layers": 2},
                           layer_types=["full_attention", "chunked_attention"])
-    with pytest.raises(ValueError, match=r"Qwen3 layer_types \['chunked_attention'\] are not supported"):
+    with pytest.raises(ValueError, match=r"Qwen3 layer_types=.* has \['chunked_attention'\]: glassbox computes full_attention, sliding_attention"):
         config_from_qwen3(chunked)
     no_window = Qwen2Config(**{**sizes, "num_hidden_layers": 2}, layer_types=["full_attention", "sliding_attention"])
     with pytest.raises(ValueError, match="sliding_attention layers but sliding_window is None"):

@@ -193,7 +193,7 @@ def run(args) -> int:
           f"({model.cfg.d_model}-wide residual stream) into {out}")
     with _as_flags(ValueError, KeyError, TypeError):
         sae = api.train_sae(model, train_text, out=out, resume=args.resume, device=args.device,
-                            dtype=DTYPES[dtype or "float32"], progress=not args.no_progress, **kwargs)
+                            dtype=getattr(torch, dtype or "float32"), progress=not args.no_progress, **kwargs)
     if sae.cfg.metadata.get("context_size", context) != context:
         raise RuntimeError(f"the SAE was trained on windows of {sae.cfg.metadata['context_size']} tokens, the "
                            f"held-out windows have {context}")

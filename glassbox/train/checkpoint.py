@@ -72,8 +72,8 @@ def read_checkpoint(folder: Union[str, Path], config_class, state_keys: tuple, w
     from ..weights.files import read_safetensors
 
     folder = Path(folder)
-    if not recover_checkpoint(folder):
-        raise CheckpointError(f"no {what} at {folder}")
+    if not recover_checkpoint(folder) and not folder.is_dir():
+        raise CheckpointError(f"no {what} at {folder}")  # an existing folder: the missing file is named below
     for name in (MODEL_FILE, CONFIG_FILE, STATE_FILE):
         if not (folder / name).is_file():
             raise CheckpointError(f"{folder} is not a {what}: {name} is missing")
