@@ -42,6 +42,7 @@ import shutil
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from .staged import remove_tree
 from .atomic import (TMP_PREFIX, PathLike, as_os_error, fill_bytes, fill_safetensors, fill_torch, fsync_dir,
                      fsync_file, new_token, remove_quietly, temp_name, write_file)
 
@@ -170,11 +171,7 @@ def _replay(folder: Path, plan: dict) -> None:
 def _remove_leftovers(folder: Path) -> None:
     for entry in os.listdir(folder):
         if entry.startswith(TMP_PREFIX):
-            path = folder / entry
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                os.unlink(path)
+            remove_tree(folder / entry)
 
 
 def _keep_mode(target: Path, tmp: Path) -> None:
@@ -191,11 +188,7 @@ def remove_entries(folder: PathLike, names: Iterable[str]) -> None:
     for name in names:
         if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
             raise ValueError(f"remove_entries takes plain names, got {name!r}")
-        path = folder / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif os.path.lexists(path):
-            os.unlink(path)
+        remove_tree(folder / name)
     fsync_dir(folder)
 
 
