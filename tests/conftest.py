@@ -3,10 +3,24 @@
 Tiny configs use distinct sizes (2 layers, 3 heads of 5, 7 MLP... see TINY) so a swapped axis cannot
 pass. Every LayerNorm weight and bias and every linear bias is perturbed away from 1 and 0, so a
 component that ignores one of them fails parity.
+
+The suite runs on two pytest-xdist workers (setup.cfg's addopts). Each test file stays on one worker
+(its module fixtures are built once), every file that starts a Ray cluster shares one worker (two local
+clusters at once would fight over the two cores), and each worker and every process it starts computes
+on one thread: bit-for-bit comparisons between a test and a subprocess need the same thread count on
+both sides.
 """
+
+import os
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 from glassbox.models import HookedTransformer
 
@@ -90,6 +104,18 @@ def small_hf():
 @pytest.fixture(scope="session")
 def small_model(small_hf):
     return HookedTransformer.from_hf(small_hf)
+
+
+# Files whose tests start a local Ray cluster: one xdist worker runs them all, one after another.
+RAY_FILES = {"test_cli_export.py", "test_scale_job.py", "test_scale_jobs.py", "test_scale_ray.py",
+             "test_scale_validation.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Group tests by file for ``--dist loadgroup`` (the Ray files form one group)."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("ray" if name in RAY_FILES else name))
 
 
 @pytest.fixture(autouse=True)
