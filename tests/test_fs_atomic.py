@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fs_faults import fail_at, fast_tmp, kill_sweep
 from glassbox.fs import TMP_PREFIX, append_text, as_os_error, recover, save_torch, write_bytes, write_file, write_text
@@ -252,3 +253,26 @@ def test_open_log_starts_fresh_whole_or_appends(tmp_path):
     assert path.read_text() == "first\n" and os.listdir(tmp_path) == ["train_log.jsonl"]
     with pytest.raises(IsADirectoryError):
         open_log(tmp_path)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_a_new_file_gets_the_umask_mode_whatever_its_writer_used(tmp_path, umask):
+    """safetensors' writer creates 0o600 files; a new file glassbox writes has 0o666 less the umask, as
+    a plain open() would give it, and a replaced file keeps its own bits."""
+    import importlib
+    from glassbox.fs import atomic, folder
+
+    old = os.umask(umask)
+    try:
+        importlib.reload(atomic)  # the umask is read at import (folder's set_mode reads the same globals)
+        new = atomic.save_safetensors(tmp_path / "a.safetensors", {"w": torch.zeros(2)})
+        assert os.stat(new).st_mode & 0o777 == 0o666 & ~umask
+        os.chmod(new, 0o604)
+        atomic.save_safetensors(new, {"w": torch.ones(2)})
+        assert os.stat(new).st_mode & 0o777 == 0o604
+        with folder.FolderWriter(tmp_path / "run", "sae") as writer:
+            writer.save_safetensors("b.safetensors", {"w": torch.zeros(2)})
+        assert os.stat(tmp_path / "run" / "b.safetensors").st_mode & 0o777 == 0o666 & ~umask
+    finally:
+        os.umask(old)
+        importlib.reload(atomic)

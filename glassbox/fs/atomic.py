@@ -10,7 +10,8 @@ for logs.
 Contract and footguns:
 - ``path`` that is an existing folder is refused (IsADirectoryError naming it); a symlink is
   followed (its target is replaced, the link kept). Missing parent folders are created.
-- A file replaced keeps its permission bits; a new one gets the usual ones (umask).
+- A file replaced keeps its permission bits; a new one gets the usual ones (0o666 less the umask read
+  at import), whatever its writer used (safetensors' own writer creates 0o600 files).
 - Anything that fails leaves ``path`` as it was and removes the temporary sibling. A killed process
   may leave the sibling; the next write of the same ``path`` removes it (``clean_leftovers``), and a
   ``FolderWriter`` or ``recover`` of the folder removes every ``.glassbox-tmp-*`` entry. Names with
@@ -32,6 +33,18 @@ from pathlib import Path
 from typing import Callable, Union
 
 TMP_PREFIX = ".glassbox-tmp-"
+
+# The process's umask, read once at import (os.umask can only be read by setting it).
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
+def set_mode(target: Path, tmp: Path) -> None:
+    """Give ``tmp``, about to replace ``target``, ``target``'s permission bits, or a new file's usual ones."""
+    if target.is_file():
+        os.chmod(tmp, os.stat(target).st_mode & 0o7777)
+    else:
+        os.chmod(tmp, 0o666 & ~_UMASK)
 PathLike = Union[str, "os.PathLike[str]"]
 _NAME_MAX = 200  # longer names are hashed in the temporary name, which must stay under NAME_MAX (255)
 
@@ -158,8 +171,7 @@ def write_file(path: PathLike, fill: Callable[[Path], None]) -> Path:
         if not tmp.is_file():
             raise FileNotFoundError(errno.ENOENT, f"the writer of {path} wrote nothing at its temporary path",
                                     str(tmp))
-        if path.is_file():
-            os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+        set_mode(path, tmp)
         fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException as error:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from .staged import remove_tree
-from .atomic import (TMP_PREFIX, PathLike, as_os_error, fill_bytes, fill_safetensors, fill_torch, fsync_dir,
+from .atomic import (TMP_PREFIX, set_mode, PathLike, as_os_error, fill_bytes, fill_safetensors, fill_torch, fsync_dir,
                      fsync_file, new_token, remove_quietly, temp_name, write_file)
 
 RECORD, JOURNAL = ".glassbox-files.json", ".glassbox-journal.json"
@@ -174,12 +174,6 @@ def _remove_leftovers(folder: Path) -> None:
             remove_tree(folder / entry)
 
 
-def _keep_mode(target: Path, tmp: Path) -> None:
-    """A file replaced keeps its permission bits."""
-    if target.is_file():
-        os.chmod(tmp, os.stat(target).st_mode & 0o7777)
-
-
 def remove_entries(folder: PathLike, names: Iterable[str]) -> None:
     """Delete the entries ``names`` of ``folder`` (files, or folders with all they hold), one at a time;
     missing ones are skipped. Only for names the caller knows glassbox wrote there (a run folder's own
@@ -247,7 +241,7 @@ class FolderWriter:
             fill(tmp)
             if not tmp.is_file():
                 raise FileNotFoundError(errno.ENOENT, f"the writer of {target} wrote nothing", str(tmp))
-            _keep_mode(target, tmp)
+            set_mode(target, tmp)
             fsync_file(tmp)
         except BaseException as error:
             remove_quietly(tmp)
@@ -292,7 +286,7 @@ class FolderWriter:
                 if (self.folder / name).is_dir() and not (self.folder / name).is_symlink():
                     raise IsADirectoryError(errno.EISDIR, f"cannot write the file {name}: it is a folder",
                                             str(self.folder / name))
-                _keep_mode(self.folder / name, path)
+                set_mode(self.folder / name, path)
                 fsync_file(path)
         except BaseException as error:
             shutil.rmtree(tree, ignore_errors=True)
