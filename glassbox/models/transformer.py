@@ -273,7 +273,7 @@ class HookedTransformer(ModelMethods, SAEMethods, TokenizerMixin, HookedRootModu
 
         resid = self.hook_embed(self.embed(tokens))
         if self.pos_embed is not None:
-            resid = resid + self.hook_pos_embed(self.pos_embed(positions))
+            resid = resid + self.hook_pos_embed(self.pos_embed.lookup(positions))
         return self.run_blocks(resid, 0, stop_at_layer, positions, attn_mask, past_kv_cache, return_type,
                                tokens, attention_mask, loss_per_token)
 
