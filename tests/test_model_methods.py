@@ -213,6 +213,21 @@ def test_get_token_position_and_single_tokens(model):
         model.to_single_str_token(True)
 
 
+def test_get_token_position_in_a_float_tensor_of_whole_ids(model):
+    # TransformerLens's tests pass torch.tensor([2.0, 3, 4]); the positions are read off by hand
+    assert model.get_token_position(2, torch.tensor([2.0, 3, 4])) == 0
+    assert model.get_token_position(2, torch.tensor([2.0, 3, 4, 2, 5]), mode="last") == 3
+    assert model.get_token_position(4, torch.tensor([[2.0, 3, 4]], dtype=torch.float64)) == 2
+    assert model.get_token_position(2048, torch.tensor([1.0, 2048.0], dtype=torch.float16)) == 1
+    for bad, dtype, match in ((2.5, torch.float32, "2.5"), (float("nan"), torch.float32, "nan"),
+                              (2.0 ** 24 + 2, torch.float32, "whole numbers up to 16777216"),
+                              (4096.0, torch.float16, "up to 2048")):
+        with pytest.raises(ValueError, match=match):
+            model.get_token_position(2, torch.tensor([2.0, bad], dtype=dtype))
+    with pytest.raises(ValueError, match="integer token ids, got dtype torch.bool"):
+        model.get_token_position(1, torch.tensor([True, False]))
+
+
 def test_to_tokens_truncate_and_device(model):
     long = "word " * 40
     with pytest.raises(ValueError, match="longer than n_ctx=24"):

@@ -280,8 +280,13 @@ def test_kv_cache_with_transformer_lens_s_constructor():
     assert len(past) == 9 and past.entries[0].past_keys.shape == (2, 9, 3, 8)
     # measured 1.3e-6 (logits up to 2.7), bound 1.5e-5: 12x
     torch.testing.assert_close(torch.cat([first, rest], 1), full, atol=1.5e-5, rtol=0)
-    with pytest.raises(NotImplementedError, match="frozen key-value cache"):
-        past.freeze()
+    past.freeze()  # TransformerLens's names over glassbox's frozen cache (tests/test_kv_cache_frozen.py)
+    assert past.frozen and all(entry.frozen for entry in past.entries)
+    with torch.no_grad():
+        again = model(t[:, 6:], past_kv_cache=past)
+    assert len(past) == 9 and torch.equal(again, model(t[:, 6:], past_kv_cache=past))
+    past.unfreeze()
+    assert not past.frozen and not any(entry.frozen for entry in past.entries)
 
 
 # -- loading -----------------------------------------------------------------------------------

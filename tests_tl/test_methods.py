@@ -64,6 +64,14 @@ def test_get_token_position_and_single_tokens(pair):
     assert model.to_tokens(long, truncate=True).tolist() == twin.to_tokens(long).tolist()
 
 
+@pytest.mark.parametrize("inp", [[2.0, 3, 4], [2.0, 3, 4, 2, 5], [[2.0, 3, 4]]])
+@pytest.mark.parametrize("mode", ["first", "last"])
+def test_get_token_position_in_a_float_tensor(pair, inp, mode):
+    model, twin = pair
+    ids = torch.tensor(inp)
+    assert model.get_token_position(2, ids, mode=mode) == twin.get_token_position(2, ids, mode=mode)
+
+
 # -- model methods -------------------------------------------------------------------------------
 def test_tokens_to_residual_directions(pair):
     model, twin = pair

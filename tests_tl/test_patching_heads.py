@@ -237,3 +237,11 @@ def test_detect_head_errors_are_transformer_lens_types_and_words(gpt2_pair, case
         assert str(ours.value).startswith("The detection pattern must be a lower triangular")
     else:
         assert str(ours.value) == str(theirs.value)
+
+
+def test_head_detector_type_names_are_transformer_lens_s():
+    from typing import get_args
+
+    for name in ("HeadName", "ErrorMeasure"):
+        assert get_args(getattr(head_detector, name)) == get_args(getattr(tl_heads, name)), name
+    assert tuple(get_args(head_detector.HeadName)) == tuple(tl_heads.HEAD_NAMES) == head_detector.HEAD_NAMES

@@ -24,6 +24,7 @@ remove exactly what they added, even when something raises.
 import re
 from typing import Callable, Optional
 
+import torch.utils.hooks as torch_hooks
 from torch import Tensor, nn
 
 HookFn = Callable[..., Optional[Tensor]]
@@ -41,12 +42,13 @@ class Registration:
 
     ``is_permanent`` and ``context_level`` have TransformerLens's meaning (its ``LensHandle``)."""
 
-    __slots__ = ("fn", "is_permanent", "context_level")
+    __slots__ = ("fn", "is_permanent", "context_level", "hook")
 
     def __init__(self, fn: HookFn, is_permanent: bool = False, context_level: Optional[int] = None):
         self.fn = fn
         self.is_permanent = is_permanent
         self.context_level = context_level
+        self.hook: Optional["HookHandle"] = None  # the handle that removes it (TransformerLens's LensHandle.hook)
 
     @property
     def user_hook(self) -> HookFn:
@@ -77,10 +79,15 @@ def check_level(level) -> None:
 
 
 class HookHandle:
-    """Removes one registration from one HookPoint; removing twice is harmless."""
+    """Removes one registration from one HookPoint; removing twice is harmless. ``id`` is drawn from
+    torch's hook-handle counter (``torch.utils.hooks.RemovableHandle.next_id``), as the torch handles
+    TransformerLens keeps in ``LensHandle.hook`` are, so ids grow in the order hooks were added."""
 
     def __init__(self, point: "HookPoint", registration: Registration, dir: str):
         self.point, self.registration, self.dir = point, registration, dir
+        counter = torch_hooks.RemovableHandle
+        self.id = counter.next_id
+        counter.next_id += 1
 
     @property
     def fn(self) -> HookFn:
@@ -118,8 +125,9 @@ class HookPoint(nn.Module):
         check_level(level)
         hooks = self.fwd_hooks if dir == "fwd" else self.bwd_hooks
         registration = Registration(hook, bool(is_permanent), level)
+        registration.hook = HookHandle(self, registration, dir)
         hooks.insert(0, registration) if prepend else hooks.append(registration)
-        return HookHandle(self, registration, dir)
+        return registration.hook
 
     def add_perma_hook(self, hook: HookFn, dir: str = "fwd") -> HookHandle:
         """A hook that ``reset_hooks()`` leaves in place (until ``including_permanent=True``)."""

@@ -14,7 +14,7 @@ Contract:
 - Permanent hooks and levels, with TransformerLens's meaning: ``add_hook(..., is_permanent=True)``
   (or ``add_perma_hook``) survives ``reset_hooks()`` and every block's exit, until
   ``reset_hooks(including_permanent=True)``. ``context_level`` is the depth of open ``hooks()``
-  blocks; a block's hooks carry its level, and so does ``add_hook(..., level=k)``. When block k
+  blocks (plus the base a user set it to while none was open, as TransformerLens's tests do); a block's hooks carry its level, and so does ``add_hook(..., level=k)``. When block k
   exits it removes its own hooks and the non-permanent ones added with ``level=k`` while it was open
   (TransformerLens removes every non-permanent hook of level k; that also takes hooks kept at level k
   by an earlier ``reset_hooks_end=False`` block, which glassbox leaves). ``reset_hooks(level=k)``
@@ -73,8 +73,21 @@ class HookedRootModule(nn.Module):
 
     @property
     def context_level(self) -> int:
-        """How many ``hooks()`` blocks are open (TransformerLens's context level); 0 outside any."""
-        return len(self._hook_scopes)
+        """How many ``hooks()`` blocks are open (TransformerLens's context level); 0 outside any,
+        unless set: ``model.context_level = k`` (only while no block is open) makes the levels start
+        from k, so the next block's hooks carry level k + 1."""
+        return self.__dict__.get("_level_base", 0) + len(self.__dict__.get("_hook_scopes", ()))
+
+    @context_level.setter
+    def context_level(self, value) -> None:  # checked here (not annotated): a bad value is a ValueError
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"context_level must be an int >= 0, got {value!r}")
+        open_blocks = len(self.__dict__.get("_hook_scopes", ()))
+        if open_blocks:
+            raise ValueError(f"context_level cannot be set while {open_blocks} hooks() block(s) are open: "
+                             "their hooks carry the levels they were opened at")
+        self.__dict__.setdefault("_hook_scopes", [])
+        self.__dict__["_level_base"] = value
 
     def hook_points(self):
         """Every HookPoint, in forward order."""
@@ -132,8 +145,9 @@ class HookedRootModule(nn.Module):
         self.hook_guard.check_change("add_hook")
         handles = [self.hook_dict[n].add_hook(hook, dir=dir, is_permanent=is_permanent, level=level,
                                               prepend=prepend) for n in names]
-        if not is_permanent and level is not None and 1 <= level <= len(self._hook_scopes):
-            self._hook_scopes[level - 1].extend(handles)
+        scope = None if level is None else level - self.__dict__.get("_level_base", 0)
+        if not is_permanent and scope is not None and 1 <= scope <= len(self._hook_scopes):
+            self._hook_scopes[scope - 1].extend(handles)
         return handles
 
     def add_perma_hook(self, name: NameOrFilter, hook: HookFn, dir: str = "fwd") -> list:
@@ -229,7 +243,7 @@ class HookedRootModule(nn.Module):
         handles: list[HookHandle] = []
         with self.hook_guard.claim("a hooks() block"):
             self._hook_scopes.append(handles)
-            level = len(self._hook_scopes)
+            level = self.context_level
             succeeded = False
             try:
                 self._attach(fwd_hooks, bwd_hooks, level)
@@ -260,6 +274,82 @@ class HookedRootModule(nn.Module):
                           "`with model.hooks(...)` around the backward)", UserWarning, stacklevel=2)
         with self.hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts):
             return self(*args, **kwargs)
+
+    def run_with_cache(self, *model_args, names_filter=None, device=None, remove_batch_dim: bool = False,
+                       incl_bwd: bool = False, reset_hooks_end: bool = True, clear_contexts: bool = False,
+                       pos_slice=None, **model_kwargs) -> tuple:
+        """``(self(*model_args, **model_kwargs), {hook name: activation})`` for any hooked module (a
+        user's own HookedRootModule subclass; HookedTransformer has its own, returning an
+        ActivationCache). TransformerLens's signature and plain-dict result.
+
+        ``names_filter``: None (every hook point), a name, a list of names or a callable (an unknown
+        name is a KeyError). ``incl_bwd``: also ``<name>_grad``, the gradient of the (scalar) output,
+        computed with ``torch.autograd.grad``, so parameters' ``.grad`` stay as they were
+        (TransformerLens's ``backward()`` accumulates into them). ``pos_slice`` is refused (a generic
+        module's activations have no known position axis) and so is ``reset_hooks_end=False``.
+        """
+        import torch
+
+        if pos_slice is not None:
+            raise ValueError("pos_slice needs activations with a known position axis: HookedTransformer's "
+                             "run_with_cache takes it, a generic HookedRootModule's does not")
+        if not reset_hooks_end:
+            raise ValueError("run_with_cache(reset_hooks_end=False) is not supported: the caching hooks are "
+                             "always removed; add your own with add_hook")
+        if names_filter is None:
+            names = list(self.hook_dict)
+        elif isinstance(names_filter, str) or callable(names_filter):
+            names = self.resolve_hook_names(names_filter)
+        else:
+            names = [n for name in names_filter for n in self.resolve_hook_names(name)]
+        store: dict = {}
+
+        def save(key: str):
+            def hook(act, hook):
+                value = act.detach().clone()
+                value = value.to(device) if device is not None else value
+                store[key] = value[0] if remove_batch_dim else value
+            return hook
+
+        fwd = [(name, save(name)) for name in names]
+        bwd = [(name, save(name + "_grad")) for name in names] if incl_bwd else []
+        with self.hooks(fwd, bwd, clear_contexts=clear_contexts):
+            if not incl_bwd:
+                return self(*model_args, **model_kwargs), store
+            params = [p for p in self.parameters() if p.requires_grad]
+            with torch.enable_grad():
+                out = self(*model_args, **model_kwargs)
+                if not isinstance(out, torch.Tensor) or out.numel() != 1:
+                    raise ValueError("incl_bwd differentiates the output, which must be a one-element tensor; got "
+                                     f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+                if not params or not out.requires_grad:
+                    raise ValueError("incl_bwd needs gradients, but the output does not depend on any parameter "
+                                     "that requires grad")
+                torch.autograd.grad(out, params, allow_unused=True)
+            return out, store
+
+    # -- TransformerLens's private helpers (its tests and subclasses call them) ------------------
+    def _enable_hook_with_name(self, name: str, hook: HookFn, dir: str) -> None:
+        """``mod_dict[name].add_hook(hook, dir=dir, level=context_level)``."""
+        if name not in self.mod_dict:
+            raise KeyError(unknown_name_message(name, self.mod_dict))
+        self.mod_dict[name].add_hook(hook, dir=dir, level=self.context_level)
+
+    def _enable_hooks_for_points(self, hook_points, enabled: Callable[[str], bool], hook: HookFn, dir: str) -> None:
+        """``add_hook`` at the current context level on each (name, point) of ``hook_points`` whose
+        name ``enabled`` accepts."""
+        for name, point in hook_points:
+            if enabled(name):
+                point.add_hook(hook, dir=dir, level=self.context_level)
+
+    def _enable_hook(self, name: NameOrFilter, hook: HookFn, dir: str) -> None:
+        """A name (``_enable_hook_with_name``) or a filter on ``hook_dict``'s names."""
+        if isinstance(name, str):
+            self._enable_hook_with_name(name, hook, dir)
+        elif callable(name):
+            self._enable_hooks_for_points(self.hook_dict.items(), name, hook, dir)
+        else:
+            raise TypeError(f"a hook target is a hook name or a callable filter on names, got {type(name).__name__}")
 
     def _attach(self, fwd_hooks: HookSpec, bwd_hooks: HookSpec, level: int) -> None:
         """Add every (name_or_filter, fn) pair at ``level``; each handle joins the open block's list

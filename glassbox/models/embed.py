@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from ..hooks import HookPoint
 from .config import Config
+from .masks import positions_for
 
 
 class Embed(nn.Module):
@@ -37,12 +38,26 @@ class Embed(nn.Module):
 
 
 class PosEmbed(nn.Module):
+    """W_pos [n_ctx d_model] looked up at position ids. The model calls ``lookup`` (so a subclass may
+    give ``forward`` another signature, as glassbox.tl's does); ``for_tokens`` computes the ids."""
+
     def __init__(self, cfg: Config):
         super().__init__()
         self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
 
     def forward(self, positions: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        return self.lookup(positions)
+
+    def lookup(self, positions: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
         return F.embedding(positions, self.W_pos)
+
+    def for_tokens(self, tokens: Int[Tensor, "batch pos"], past: int = 0,
+                   key_mask: Optional[Tensor] = None) -> Float[Tensor, "batch pos d_model"]:
+        """The position embedding the model's forward adds to ``tokens`` after ``past`` cached
+        positions: W_pos[past + index], or with ``key_mask`` (bool or 0/1 [batch past+pos], True for
+        real tokens) W_pos[real tokens before it] (a pad gets its last real token's, or 0's, row)."""
+        positions = positions_for(tokens, None if key_mask is None else key_mask.bool(), past)
+        return self.lookup(positions)
 
 
 class Unembed(nn.Module):

@@ -195,7 +195,7 @@ def generate_from_embeds(model, embeds: Float[Tensor, "batch pos d_model"], max_
                     resid = embeds
                     if model.pos_embed is not None:
                         positions = torch.arange(embeds.shape[1], device=embeds.device).expand(embeds.shape[:2])
-                        resid = embeds + model.hook_pos_embed(model.pos_embed(positions))
+                        resid = embeds + model.hook_pos_embed(model.pos_embed.lookup(positions))
                     last = model(resid, start_at_layer=0)[:, -1].to(embeds.device)
                     step_logits.append(last)
                     new = sample_next(last, do_sample, temperature, top_k, top_p, generator)

@@ -87,6 +87,9 @@ class SinusoidalPosEmbed(nn.Module):
         self.register_buffer("W_pos", sinusoidal_table(cfg.n_ctx, cfg.d_model), persistent=False)
 
     def forward(self, positions: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        return self.lookup(positions)
+
+    def lookup(self, positions: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
         return self.W_pos[positions]
 
 

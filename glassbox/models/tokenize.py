@@ -220,7 +220,7 @@ class TokenizerMixin:
         if isinstance(input, str):
             tokens = self.to_tokens(input, prepend_bos, padding_side)
         else:
-            tokens = _as_id_tensor(input, "get_token_position")
+            tokens = _as_id_tensor(input, "get_token_position", float_ids=True)
         if tokens.ndim == 2:
             if tokens.shape[0] != 1:
                 raise TokenInputError(f"get_token_position searches one sequence: rank-2 tokens must have "
@@ -288,8 +288,9 @@ def _is_id(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
-def _as_id_tensor(ids, what: str) -> Tensor:
-    """An integer tensor (CPU or not) from a tensor, numpy array or (nested) list of ids."""
+def _as_id_tensor(ids, what: str, float_ids: bool = False) -> Tensor:
+    """An integer tensor (CPU or not) from a tensor, numpy array or (nested) list of ids; with
+    ``float_ids`` a floating tensor of whole numbers too (``_float_ids_as_integers``)."""
     if isinstance(ids, np.ndarray):
         ids = torch.from_numpy(np.ascontiguousarray(ids))
     elif isinstance(ids, (list, tuple)):
@@ -304,6 +305,20 @@ def _as_id_tensor(ids, what: str) -> Tensor:
         ids = torch.from_numpy(np.ascontiguousarray(array))
     if not isinstance(ids, Tensor):
         raise ValueError(f"{what} takes token ids (an int, a list, a tensor or a numpy array), got {type(ids).__name__}")
+    if float_ids and ids.dtype.is_floating_point:
+        return _float_ids_as_integers(ids, what)
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise ValueError(f"{what} takes integer token ids, got dtype {ids.dtype}")
     return ids
+
+
+def _float_ids_as_integers(ids: Tensor, what: str) -> Tensor:
+    """int64 ids from a floating tensor holding whole numbers (``torch.tensor([2.0, 3, 4])``, which
+    TransformerLens's tests pass). Refused: a fraction, nan or inf, and values beyond the dtype's
+    exact integers (2**24 for float32), which may have been rounded when they were stored."""
+    exact = int(2 / torch.finfo(ids.dtype).eps)  # 2**(mantissa bits + 1): every integer up to it is exact
+    bad = ~torch.isfinite(ids) | (ids != ids.round()) | (ids.abs() > exact)
+    if bool(bad.any()):
+        raise ValueError(f"{what} takes token ids; a {ids.dtype} tensor must hold whole numbers up to {exact} "
+                         f"(exactly stored), got {ids[bad].flatten()[0].item()!r}")
+    return ids.to(torch.int64)

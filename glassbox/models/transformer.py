@@ -234,9 +234,11 @@ class HookedTransformer(ModelMethods, SAEMethods, TokenizerMixin, HookedRootModu
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type must be one of {RETURN_TYPES}, got {return_type!r}")
         inputs.check_flag("loss_per_token", loss_per_token)
+        if past_kv_cache is not None and not isinstance(past_kv_cache, KVCache):
+            raise TypeError(f"past_kv_cache must be a KVCache, got {type(past_kv_cache).__name__}")
         if start_at_layer is not None:
             return self.forward_from(input, start_at_layer, return_type, loss_per_token, attention_mask,
-                                     stop_at_layer, tokens)
+                                     stop_at_layer, tokens, past_kv_cache)
         if tokens is not None:
             raise ValueError("tokens= gives the loss's targets with start_at_layer only; without "
                              "start_at_layer the input is the tokens")
@@ -245,10 +247,16 @@ class HookedTransformer(ModelMethods, SAEMethods, TokenizerMixin, HookedRootModu
         self.check_tokens(tokens, past)
         if past_kv_cache is None:
             return self._run_tokens(tokens, attention_mask, None, 0, stop_at_layer, return_type, loss_per_token)
+        past_kv_cache.check_fits(self.cfg.n_layers, tokens.shape[0])
+        return self._with_cache(past_kv_cache, stop_at_layer, self._run_tokens, tokens, attention_mask,
+                                past_kv_cache, past, stop_at_layer, return_type, loss_per_token)
+
+    @staticmethod
+    def _with_cache(past_kv_cache, stop_at_layer, run, *args):
+        """``run(*args)``, leaving the cache as it was if it raises or only some layers ran."""
         saved = past_kv_cache.snapshot()
         try:
-            out = self._run_tokens(tokens, attention_mask, past_kv_cache, past, stop_at_layer, return_type,
-                                   loss_per_token)
+            out = run(*args)
         except BaseException:
             past_kv_cache.restore(saved)  # a half-extended cache would misplace every later token
             raise
@@ -265,14 +273,19 @@ class HookedTransformer(ModelMethods, SAEMethods, TokenizerMixin, HookedRootModu
 
         resid = self.hook_embed(self.embed(tokens))
         if self.pos_embed is not None:
-            resid = resid + self.hook_pos_embed(self.pos_embed(positions))
+            resid = resid + self.hook_pos_embed(self.pos_embed.lookup(positions))
         return self.run_blocks(resid, 0, stop_at_layer, positions, attn_mask, past_kv_cache, return_type,
                                tokens, attention_mask, loss_per_token)
 
     def forward_from(self, resid: Float[Tensor, "batch pos d_model"], start_at_layer: int, return_type,
                      loss_per_token: bool = False, attention_mask=None,
-                     stop_at_layer: Optional[int] = None, tokens=None):
-        """Continue a forward pass from the residual stream entering block ``start_at_layer``."""
+                     stop_at_layer: Optional[int] = None, tokens=None, past_kv_cache: Optional[KVCache] = None):
+        """Continue a forward pass from the residual stream entering block ``start_at_layer``.
+
+        With a ``past_kv_cache`` (which must be frozen: the blocks before ``start_at_layer`` do not run,
+        so their layers could not grow with the others) the residual stream holds the new positions
+        only; ``attention_mask`` is the new positions' [batch pos] or, as ``input_to_embed`` returns
+        it, the cached and new positions' [batch past+pos], whose cached part must be the cache's."""
         if isinstance(start_at_layer, bool) or not isinstance(start_at_layer, int) \
                 or not 0 <= start_at_layer <= self.cfg.n_layers:
             raise ValueError(f"start_at_layer={start_at_layer!r} is outside [0, n_layers={self.cfg.n_layers}]")
@@ -292,12 +305,43 @@ class HookedTransformer(ModelMethods, SAEMethods, TokenizerMixin, HookedRootModu
                 raise ValueError(f"tokens have shape {tuple(tokens.shape)}, the residual stream {batch_pos} "
                                  "(batch pos); the loss needs one target per position")
             self.check_tokens(tokens)
+        if past_kv_cache is not None:
+            return self._from_with_cache(resid, start_at_layer, return_type, loss_per_token, attention_mask,
+                                         stop_at_layer, tokens, past_kv_cache)
         attention_mask = inputs.optional_mask(attention_mask, batch_pos, resid.device,
                                                 "the residual stream has batch pos")
         positions = positions_for(resid[..., 0], attention_mask, 0)
         attn_mask = self.layer_masks(attention_mask, resid.shape[1], resid.shape[1], resid.device)
         return self.run_blocks(resid, start_at_layer, stop_at_layer, positions, attn_mask, None, return_type,
                                tokens, attention_mask, loss_per_token)
+
+    def _from_with_cache(self, resid, start_at_layer, return_type, loss_per_token, attention_mask, stop_at_layer,
+                         tokens, past_kv_cache):
+        if not past_kv_cache.frozen:
+            raise ValueError("start_at_layer with a past_kv_cache needs a frozen cache (past_kv_cache.freeze()): "
+                             f"the blocks before {start_at_layer} do not run, so their cached keys could not grow")
+        batch, pos = resid.shape[:2]
+        past = len(past_kv_cache)
+        if past + pos > self.cfg.n_ctx:
+            raise ValueError(f"{past} cached and {pos} new positions exceed n_ctx={self.cfg.n_ctx}")
+        past_kv_cache.check_fits(self.cfg.n_layers, batch)
+        new_mask = attention_mask
+        if attention_mask is not None:
+            full = inputs.as_array_tensor(attention_mask, "attention_mask")
+            if full.ndim == 2 and past and full.shape == (batch, past + pos):
+                cached = past_kv_cache.key_mask
+                head = inputs.as_mask(full[:, :past], (batch, past), resid.device, "the cached positions have")
+                if cached is None and not bool(head.all()) or cached is not None and not torch.equal(head, cached):
+                    raise ValueError("attention_mask's first past positions differ from the key-value cache's mask; "
+                                     "give the new positions' mask [batch pos], or the one input_to_embed returns")
+                full = full[:, past:]
+            new_mask = inputs.as_mask(full, (batch, pos), resid.device,
+                                      f"the residual stream's new positions (after {past} cached ones) have")
+        key_mask = past_kv_cache.extend_mask(new_mask, (batch, pos))  # the cache is frozen: nothing is stored
+        positions = positions_for(resid[..., 0], key_mask, past)
+        attn_mask = self.layer_masks(key_mask, pos, past + pos, resid.device)
+        return self._with_cache(past_kv_cache, stop_at_layer, self.run_blocks, resid, start_at_layer, stop_at_layer,
+                                positions, attn_mask, past_kv_cache, return_type, tokens, new_mask, loss_per_token)
 
     def layer_masks(self, key_mask, query_len: int, key_len: int, device) -> dict:
         """{"global": mask, "local": mask} (``masks.attention_mask_for``), the local one only with local layers."""

@@ -39,7 +39,9 @@ from torch import Tensor
 
 from ..hooks import HookedRootModule  # noqa: F401  (TransformerLens code imports it from here)
 from ..models import HookedTransformer as _GlassboxTransformer
+from ..models import PosEmbed as _GlassboxPosEmbed
 from ..models import gpt2_tokenizer
+from .components.pos_embed import PosEmbed
 from .config.fields import FLAGS
 from .config.hooked_transformer_config import HookedTransformerConfig, default_device
 from ._run_with_cache import tl_run_with_cache
@@ -100,6 +102,8 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
         super().__init__(tl_cfg.glassbox, tokenizer=tokenizer, init=bool(values["init_weights"]), device=device,
                          dtype=as_dtype(values["dtype"]), **self._flag_kwargs(flags))
         self.default_padding_side = default_padding_side  # None keeps the tokenizer's own side (TransformerLens)
+        if type(self.pos_embed) is _GlassboxPosEmbed:  # the same module and parameter, TransformerLens's forward
+            self.pos_embed.__class__ = PosEmbed
         if values["normalization_type"] in ("LNPre", "RMSPre") and not values["init_weights"]:
             self._reset_norms()
         self.cfg = tl_cfg

@@ -28,7 +28,6 @@ MODULE_PATHS = {
     "HookedTransformerConfig": ("config.hooked_transformer_config", ["HookedTransformerConfig"]),  # 2.x
     "components.attention": ("components", ["Attention"]),
     "components.embed": ("components", ["Embed"]),
-    "components.pos_embed": ("components", ["PosEmbed"]),
     "components.unembed": ("components", ["Unembed"]),
     "components.layer_norm": ("components", ["LayerNorm"]),
     "components.rms_norm": ("components", ["RMSNorm"]),

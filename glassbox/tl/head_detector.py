@@ -10,7 +10,7 @@ with TransformerLens's message where it has one.
 glassbox's own score (mean per query) stays ``glassbox.interp.detect_head``.
 """
 
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Literal, Optional, Tuple, Union
 
 from torch import Tensor
 
@@ -18,6 +18,8 @@ from ..hooks.errors import ArgumentError
 from ..interp.heads import detect_head_matching, detection_pattern, match_scores
 from ..interp.tensor_utils import is_lower_triangular
 
+HeadName = Literal["previous_token_head", "duplicate_token_head", "induction_head"]  # TransformerLens's type names
+ErrorMeasure = Literal["abs", "mul"]
 HEAD_NAMES = ("previous_token_head", "duplicate_token_head", "induction_head")  # a tuple, as in 3.9
 ERROR_MEASURES = ("abs", "mul")
 # TransformerLens's messages, which its tests compare
