@@ -179,8 +179,7 @@ def test_non_finite_values_are_refused_naming_file_and_key(tmp_path, value):
     with pytest.raises(ValueError, match=r"W_enc_1.safetensors: key 'threshold_1' holds 1 non-finite value"):
         load_circuit_tracer(folder)
     big = _write(tmp_path / "b")
-    _edit(big / "layer_0.safetensors", lambda t: t["W_enc"].__setitem__((0, 0), 1e39) if False else
-          t.update(W_enc=t["W_enc"].double().index_fill(1, torch.tensor([0]), 1e39)))
+    _edit(big / "layer_0.safetensors", lambda t: t.update(W_enc=t["W_enc"].double().index_fill(1, torch.tensor([0]), 1e39)))
     with pytest.raises(ValueError, match="key 'W_enc' is finite in the file .* in torch.float32"):
         load_circuit_tracer(big, dtype=torch.float32)
 
@@ -222,7 +221,7 @@ def test_config_fields_are_checked(tmp_path):
     with pytest.raises(ValueError, match="config.yaml: the config is a YAML list, not a mapping"):
         load_circuit_tracer(folder)
     (folder / "layer_0.safetensors").write_bytes(b"not safetensors")
-    _edit_config(folder, lambda c: None) if False else (folder / "config.yaml").write_text(
+    (folder / "config.yaml").write_text(
         "model_kind: transcoder_set\nfeature_input_hook: hook_resid_mid\nfeature_output_hook: hook_mlp_out\n")
     with pytest.raises(ValueError, match="layer_0.safetensors: not a safetensors file"):
         load_circuit_tracer(folder)
