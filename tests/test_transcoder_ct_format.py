@@ -309,3 +309,34 @@ def test_seeded_set_is_reproducible():
     b = seeded_set(2, 5, 9, seed=7, cross_layer=True, input_hook="hook_resid_mid")
     _equal_sets(a, b)
     assert not torch.equal(a.encoder, seeded_set(2, 5, 9, seed=8, cross_layer=True, input_hook="hook_resid_mid").encoder)
+
+
+def test_a_kill_at_every_file_system_call_leaves_the_old_set_or_the_new(tmp_path):
+    """The process dies (``os._exit`` in a forked child) just after each file-system call of the save in turn;
+    the next load finishes or undoes the commit, and the folder holds the old set or the new, never a mix."""
+    from fs_faults import fast_tmp, folder_state, kill_at
+
+    root = fast_tmp(tmp_path)
+    old = seeded_set(2, 5, 6, seed=1, input_hook="hook_resid_mid")
+    new = seeded_set(2, 5, 6, seed=2, cross_layer=True, input_hook="hook_resid_mid")
+    try:
+        for name, ts in (("old", old), ("new", new)):
+            save_circuit_tracer(ts, root / name / "tc")
+            (root / name / "tc" / "notes.txt").write_text("kept")
+        expected = {name: folder_state(root / name / "tc") for name in ("old", "new")}
+        outcomes, event = set(), 1
+        while True:
+            folder = root / f"k{event}" / "tc"
+            shutil.copytree(root / "old" / "tc", folder)
+            if not kill_at(event, lambda: save_circuit_tracer(new, folder, overwrite=True), after=True):
+                break
+            loaded = load_circuit_tracer(folder)
+            outcome = [name for name, files in expected.items() if files == folder_state(folder)]
+            assert outcome, f"call {event}: a mix of the two sets"
+            _equal_sets(loaded, old if outcome == ["old"] else new)
+            outcomes.add(outcome[0])
+            event += 1
+    finally:
+        if root != tmp_path:
+            shutil.rmtree(root, ignore_errors=True)
+    assert event > 20 and outcomes == {"old", "new"}, (event, outcomes)
