@@ -1,5 +1,6 @@
 """``glassbox train-sae``: train a sparse autoencoder on a model's activations over a text file, then
-evaluate it on the text's held-out end, as SAELens evaluates SAEs.
+evaluate it on the text's held-out end, as SAELens evaluates SAEs. With ``--transcoders per-layer|cross-layer``
+it trains a transcoder set instead (``train_transcoders.py``).
 
 The text is split as ``glassbox train`` splits it (the last ``--heldout-frac``, 5% by default, cut at
 a line break, is held out; for glassbox-austen and data/austen.txt that is the model's own held-out
@@ -112,6 +113,15 @@ def add_parser(sub) -> None:
     p.add_argument("--include-special-tokens", action="store_true",
                    help="train and evaluate on the BOS and other special tokens too (default: left out, as "
                         "SAELens's exclude_special_tokens)")
+    p.add_argument("--transcoders", choices=("per-layer", "cross-layer"), default=None,
+                   help="train a transcoder set instead of an SAE: one transcoder per layer, or one cross-layer "
+                        "transcoder (--d-sae features per layer; see --input-hook, --output-hook, --skip)")
+    p.add_argument("--input-hook", default=None,
+                   help="with --transcoders: the hook each layer's features read, relative to the block "
+                        "(default: ln2.hook_out, the MLP's input)")
+    p.add_argument("--output-hook", default=None,
+                   help="with --transcoders: the hook each layer's set estimates (default: hook_mlp_out)")
+    p.add_argument("--skip", action="store_true", help="with --transcoders: add linear skip connections")
     p.add_argument("--resume", action="store_true", help="continue the run in --out (from its checkpoint)")
     p.add_argument("--device", type=device_arg, default=None, help="e.g. cuda; default: cpu")
     p.add_argument("--dtype", choices=DTYPES, default=None,
@@ -132,6 +142,15 @@ def _heldout(text: str) -> float:
 
 
 def run(args) -> int:
+    if args.transcoders is not None:
+        from .train_transcoders import run as run_transcoders
+
+        return run_transcoders(args)
+    for name in ("input_hook", "output_hook"):
+        if getattr(args, name) is not None:
+            raise UsageError(f"--{name.replace('_', '-')} is for --transcoders; an SAE reads and writes --hook")
+    if args.skip:
+        raise UsageError("--skip is for --transcoders")
     import torch
 
     from ..interp.sae.evals import evaluate_sae
