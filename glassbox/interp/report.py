@@ -30,7 +30,7 @@ from ..weights.parity import parity_report
 from .heads import detect_head, induction_score
 from .patching import LogitDiff, Normalized, patch_resid_pre
 from .plots import attention_selector, logit_lens_plot, patching_heatmap
-from .plots.html import PAGE, plotly_js
+from .plots.html import page as html_page
 
 INDUCTION_SEQ_LEN = 20
 DEFAULT_ANSWER, DEFAULT_DISTRACTOR = " letter", " garden"
@@ -148,13 +148,14 @@ def lens_lead(lens_series: torch.Tensor, labels: list) -> Optional[str]:
     return None
 
 
-def page_html(sections: list, title: str) -> str:
-    """The report page: one section per (id, caption, figure), plotly.js inlined once."""
+def page_html(sections: list, title: str, plotly_src: Optional[str] = None) -> str:
+    """The report page: one section per (id, caption, figure), plotly.js inlined once (or, with
+    ``plotly_src``, loaded from that file next to the page)."""
     body = "\n".join(SECTION.format(id=sid, caption=html.escape(caption),
                                      figure=fig.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False,
                                                         div_id=f"figure-{sid}"))
                       for sid, caption, fig in sections)
-    return PAGE.format(title=html.escape(title), plotly=plotly_js(), body=body)
+    return html_page(title, body, plotly_src)
 
 
 @torch.no_grad()

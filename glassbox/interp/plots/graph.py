@@ -31,7 +31,7 @@ import torch
 from ...fs import write_text
 from ..attribution.edges import edge_mask_for, receiver_node, sender_position
 from .common import escape, go
-from .html import PAGE, plotly_js
+from .html import page as html_page
 
 POSITIVE, NEGATIVE, OUTSIDE = "#2166ac", "#b2182b", "#b0b0b0"
 WIDTH = (0.6, 9.0)  # line width of the weakest and of the strongest edge drawn
@@ -253,8 +253,7 @@ def circuit_page(graph, path: Optional[Union[str, Path]] = None, title: str = "c
     parts = dict(graph=fig.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False, div_id="circuit"),
                  curve="" if curve is None else curve_plot(curve).to_html(
                      full_html=False, include_plotlyjs=False, include_mathjax=False, div_id="faithfulness"))
-    page = PAGE.format(title=html.escape(title), plotly=plotly_js(),
-                       body=BODY.format(caption=html.escape(text), **parts))
+    page = html_page(title, BODY.format(caption=html.escape(text), **parts))
     if path is not None:
         write_text(path, page)  # written whole (glassbox.fs)
     return page
