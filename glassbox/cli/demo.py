@@ -41,6 +41,8 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default="glassbox-report",
                    help="output folder, created if needed (default glassbox-report)")
     p.add_argument("--device", default=None, type=device_arg, help="e.g. cuda; default: cpu")
+    p.add_argument("--single-file", action="store_true",
+                   help="inline plotly.js into each page (~4.9 MB a page) instead of one plotly.min.js beside them")
     p.add_argument("--no-features", action="store_true",
                    help="leave out the feature section (on by default where glassbox ships an SAE of the model)")
     p.set_defaults(func=run)
@@ -194,7 +196,7 @@ def run(args) -> int:
     from ..interp.report import build_report
 
     out = output_folder(args.out)
-    for name in ("index.html", "summary.json"):
+    for name in ("index.html", "summary.json", "plotly.min.js", "features.html"):
         if (out / name).is_dir():
             raise UsageError(f"--out {args.out!r} holds a folder named {name}, where the report writes a file; "
                              "give another folder")
@@ -207,7 +209,7 @@ def run(args) -> int:
     sae, feature_text = (None, None) if args.no_features else feature_inputs(model)
     make_folder(out, args.out)
     summary = build_report(model, story.prompt, story.answer, story.distractor, out, sae=sae,
-                           feature_text=feature_text)
+                           feature_text=feature_text, single_file=args.single_file)
     print(f"model {summary['model']['name']}: {summary['model']['n_layers']} layers, "
           f"{summary['model']['parameters']:,} parameters")
     print(f"parity with transformers: worst relative difference {summary['parity_worst_relative']:.1e}")
