@@ -131,3 +131,17 @@ def test_shared_asset_sizes_and_single_file(austen, report, tmp_path):
     assert not (single / "plotly.min.js").exists()
     seen, _ = run_in_browser(find_browser(), str(with_probe(single / "index.html", RENDERED, "probe.html")))
     assert seen["errors"] == [] and seen["resources"] == [] and seen["graphs"] == seen["rendered"] == 7
+
+
+def test_an_answer_without_its_leading_space_is_refused_with_the_spaced_spelling(austen):
+    """``glassbox demo --answer letter`` built the prompt 'Elizabeth read theletter again, ...' and ran on it."""
+    from glassbox.cli.demo import choose_story
+    from glassbox.cli.errors import UsageError
+
+    with pytest.raises(UsageError) as raised:
+        choose_story(austen, None, "letter", None)
+    message = str(raised.value)
+    assert "--answer 'letter' has no leading space" in message and "'Jane readletter. Jane read'" in message
+    assert "give --answer ' letter' (one token)" in message, message
+    story = choose_story(austen, "Elizabeth read the letter, and Elizabeth read the", " letter", None)
+    assert story.prompt == "Elizabeth read the letter, and Elizabeth read the"  # a prompt of one's own is kept

@@ -81,6 +81,13 @@ def choose_story(model, prompt: Optional[str], answer: Optional[str], distractor
                          f"{not_one_token(model, DEFAULT_ANSWER)}; give --answer, the single token that follows "
                          f"the first occurrence of your prompt's repeated phrase, {such_as()}")
 
+    if prompt is None and answer is not None and not answer[:1].isspace():
+        # the default prompts put the answer straight after a word ("read the{answer}")
+        spaced = " " + answer
+        better = (f"; give --answer {spaced!r} (one token)" if not not_one_token(model, spaced) else
+                  "; give an answer with a leading space")
+        raise UsageError(f"--answer {answer!r} has no leading space, so the default prompts would read "
+                         f"{story_prompts_of(answer)!r}{better}, or give --prompt with it")
     if prompt is not None:
         tokens = prompt_tokens(model, prompt)[0].tolist()
         if token_id(model, answer) not in tokens:
@@ -109,6 +116,13 @@ def choose_story(model, prompt: Optional[str], answer: Optional[str], distractor
         raise UsageError(f"--distractor {distractor!r} is the answer's token; the corrupted prompt must differ from "
                          f"the clean one, so give another single-token word {such_as(exclude=(answer,))}")
     return Story(prompt, answer, distractor, notes)
+
+
+def story_prompts_of(answer: str) -> str:
+    """The start of the shortest default prompt around ``answer``, as a reader would see it."""
+    from ..interp.report import story_prompts
+
+    return story_prompts(answer)[-1]
 
 
 def not_one_token(model, text: str) -> Optional[str]:
