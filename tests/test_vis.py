@@ -97,6 +97,9 @@ PROBE = probe("""  try {
       return Array.prototype.map.call(tr.querySelectorAll("td"), function (td) {
         return [td.className, td.getAttribute("data-token"), Number(td.getAttribute("data-value"))]; }); });
   } catch (e) { out.exception = String(e && e.stack || e); }
+  out.page = [document.documentElement.scrollWidth, window.innerWidth];
+  out.views_right = Array.prototype.map.call(document.querySelectorAll(".gb-vis"), function (v) {
+    return v.getBoundingClientRect().right; });
   out.resources = performance.getEntriesByType("resource").map(function (r) { return r.name; });
 """)
 
@@ -111,9 +114,11 @@ def test_views_in_headless_chromium(tmp_path):
     page = tmp_path / "views.html"
     body = "\n".join(str(v) for v in views)
     page.write_text(f"<!DOCTYPE html><html><head>{CAPTURE}</head><body>{body}{PROBE}</body></html>", encoding="utf-8")
-    seen, _ = run_in_browser(browser, str(page))
+    seen, _ = run_in_browser(browser, str(page), window=(800, 900))
     assert "exception" not in seen, seen["exception"]
     assert seen["errors"] == [] and seen["resources"] == [], (seen["errors"], seen["resources"])
+    # at 800 px nothing makes the page scroll sideways: wide tables scroll inside their view
+    assert seen["page"][0] <= seen["page"][1] and max(seen["views_right"]) <= 800, (seen["page"], seen["views_right"])
     assert seen["views"] == 2, "two views on one page, each its own"
     assert seen["row_labels"] == ["<bos>", " the", " cat", "<b>x</b>", " the", " mat", "\u21b5"], "tokens as text"
     for attention, names, got in ((first, ["L0H0", "L0H1", "L0H2"], seen["heads"][0]),
