@@ -219,3 +219,77 @@ def test_points_chooses_the_eap_ig_grid_and_is_refused_for_eap(model, tmp_path, 
     assert_user_error(capsys, STORY + ["--method", "EAP", "--points", "midpoint", "--out", tmp_path / "e"],
                       "--points midpoint is for EAP-IG")
     assert_user_error(capsys, STORY + ["--points", "endpoint", "--out", tmp_path / "e"], "--points", "invalid choice")
+
+
+# --- the answer's spelling, and many pairs ----------------------------------------------------------
+
+def test_an_answer_the_clean_run_does_not_prefer_is_warned_with_the_spaced_spelling(model, tmp_path, capsys):
+    """``--answer letter`` (no leading space) is one token, but the clean run does not prefer it: the command
+    runs, and says so on stderr with the value computed here and the spelling that is one token."""
+    code, out, err = run_cli(capsys, "--clean", CLEAN, "--corrupted", CORRUPTED, "--answer", "letter", "--distractor",
+                             " garden", "--method", "EAP", "--no-progress", "--out", tmp_path)
+    assert code == 0, err
+    metric = LogitDiff(model.tokenizer.encode("letter", add_special_tokens=False)[0], model.to_single_token(" garden"))
+    clean_value = plain(model, model.to_tokens(CLEAN), metric).item()
+    assert clean_value <= 0, clean_value  # measured -0.0286
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("glassbox circuit: warning: "), err
+    assert f"is {clean_value:.4g} on the clean run" in lines[0] and "did you mean --answer ' letter'" in lines[0], lines
+
+
+def test_a_word_that_is_one_token_only_with_a_space_is_refused_with_that_spelling(model, capsys, tmp_path):
+    from glassbox.interp.report import single_token_words
+
+    spaced_only = next(w for w in single_token_words(model)
+                       if len(model.tokenizer.encode(w[1:], add_special_tokens=False)) > 1)
+    line = assert_user_error(capsys, ["--clean", CLEAN, "--corrupted", CORRUPTED, "--answer", spaced_only[1:],
+                                      "--distractor", " garden", "--out", tmp_path],
+                             f"--answer {spaced_only[1:]!r} is ", "tokens")
+    assert f"did you mean {spaced_only!r}" in line, line
+
+
+def test_pairs_file_reproduces_the_16_prompt_induction_circuit(model, tmp_path, capsys):
+    """``--pairs examples/induction_pairs.jsonl`` (the 16 prompts of tests/test_induction_circuit.py, as the
+    scale jobs read them): the same EAP-IG scores as ``eap`` on those tensors, and the README's circuit,
+    7 edges at faithfulness 0.982."""
+    import json
+
+    from test_induction_circuit import induction_prompts
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "induction_pairs.jsonl"
+    clean, corrupted, metric = induction_prompts(16, 0)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["clean"] for r in records] == clean.tolist() and [r["corrupted"] for r in records] == corrupted.tolist()
+    assert [r["answer"] for r in records] == metric.correct.tolist()
+    assert [r["distractor"] for r in records] == metric.wrong.tolist()
+
+    code, out, err = run_cli(capsys, "--pairs", path, "--steps", 5, "--no-progress", "--out", tmp_path)
+    assert code == 0 and err == "", err
+    graph = Graph.load_json(tmp_path / "graph.json")
+    direct = eap(model, clean, corrupted, metric, method="EAP-IG-inputs", steps=5)
+    assert torch.equal(graph.scores.nan_to_num(), direct.scores.nan_to_num())
+    meta = graph.metadata
+    assert meta["n_pairs"] == 16 and meta["circuit_size"] == 7, meta["circuit_size"]
+    assert 0.97 < meta["circuit_faithfulness"] < 0.99, meta["circuit_faithfulness"]  # measured 0.982
+    assert "mean logit difference answer - distractor over 16 pairs" in out
+    nodes = graph.nodes_in_circuit()
+    assert "a0.h2" in nodes and "a1.h0" in nodes, nodes
+
+
+def test_pairs_argument_errors(capsys, tmp_path):
+    good = Path(__file__).resolve().parent.parent / "examples" / "induction_pairs.jsonl"
+    out = ["--out", tmp_path / "o"]
+    assert_user_error(capsys, ["--pairs", good, "--answer", " letter"] + out, "--pairs", "drop --answer")
+    assert_user_error(capsys, ["--clean", CLEAN, "--answer", " letter"] + out,
+                      "give --corrupted, --distractor", "or --pairs FILE")
+    assert_user_error(capsys, ["--pairs", tmp_path / "none.jsonl"] + out, "none.jsonl", "do not exist")
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"clean": [0, 5, 6], "corrupted": [0, 7, 6], "answer": 5, "distractor": 7}\n'
+                     '{"clean": [0, 5, 6, 8], "corrupted": [0, 7, 6, 8], "answer": 5, "distractor": 7}\n')
+    assert_user_error(capsys, ["--pairs", mixed] + out, "mixed.jsonl line 2 is 4 tokens")
+    same = tmp_path / "same.jsonl"
+    same.write_text('{"clean": [0, 5, 6], "corrupted": [0, 7, 6], "answer": 5, "distractor": 5}\n')
+    assert_user_error(capsys, ["--pairs", same] + out, "same.jsonl line 1 has the same token")
+    typo = tmp_path / "typo.jsonl"
+    typo.write_text('{"clean": [0, 5, 6], "corrupted": [0, 7, 6], "answr": 5, "distractor": 7}\n')
+    assert_user_error(capsys, ["--pairs", typo] + out, "typo.jsonl")

@@ -18,7 +18,7 @@ from glassbox.interp.plots.features import (choose_features, feature_dashboard, 
 from glassbox.interp.sae.base import StandardSAE
 from glassbox.interp.sae.config import SAEConfig
 from glassbox.models import Config, HookedTransformer
-from test_viewer_browser import CAPTURE, find_browser, probe, run_in_browser
+from test_viewer_browser import CAPTURE, LAYOUT, find_browser, overflowing, probe, run_in_browser, screenshot
 
 HOOK = "blocks.1.hook_resid_pre"
 
@@ -247,3 +247,49 @@ def test_dashboard_in_headless_chromium(austen, heldout_text, tmp_path):
     summary = [s.feature for s in data.features]
     assert summary == seen["features"]
     assert f"{int(counted.sum()):,} positions in {tokens.shape[0]} windows" in seen["caption"], seen["caption"]
+
+
+LAYOUT_PROBE = probe(LAYOUT + """  out.resources = performance.getEntriesByType("resource").map(function (r) { return r.name; });
+""", delay_ms=1000)
+
+
+@pytest.mark.parametrize("width", [800, 1400, 2000])
+def test_every_figure_fits_its_cell_at_each_window_width(austen, heldout_text, tmp_path, width):
+    """Each histogram and logit chart is drawn inside its cell (it was drawn at 1352 px in a 668 px cell at
+    1400 px, cutting off the upper activations and the axis title), with the axis titles whole."""
+    browser = find_browser()
+    page = feature_dashboard(austen, random_sae(), heldout_text, n_features=2, n_contexts=2, n_logits=4, bins=10)
+    path = tmp_path / "probe.html"
+    path.write_text(page.replace("<head>", "<head>" + CAPTURE, 1).replace("</body>", LAYOUT_PROBE + "</body>", 1),
+                    encoding="utf-8")
+    seen, _ = run_in_browser(browser, str(path), window=(width, 1000))
+    assert seen["errors"] == [] and [r for r in seen["resources"] if not r.startswith("file:")] == []
+    assert len(seen["cells"]) == 4 and all(c["svg"] for c in seen["cells"]), seen["cells"]
+    assert overflowing(seen) == [], overflowing(seen)
+    assert seen["page"][0] <= seen["page"][1], f"the page scrolls sideways: {seen['page']}"
+    titles = [t for c in seen["cells"] for t, _, _ in c["titles"]]
+    assert titles.count("activation") == 2 and titles.count("positions") == 2, titles
+    # side by side where two 420 px cells fit, stacked where they do not (800 px: one per row)
+    widths = [c["cell"][1] - c["cell"][0] for c in seen["cells"]]
+    assert all(w < width / 2 for w in widths) if width >= 1400 else all(w > width / 2 for w in widths), widths
+
+
+def test_dashboard_screenshot_shows_whole_histograms(austen, heldout_text, tmp_path):
+    """The screenshot at 1400 px: the histogram's plot area (plotly's grey-blue background) ends with its
+    right margin inside the left cell, and its orange bars are left of the logit chart's blue and red
+    bars. Before, the histogram was drawn 1352 px wide and its plot area ran on to the logit chart, which
+    covered the upper half of the activation range."""
+    browser = find_browser()
+    path = tmp_path / "f.html"
+    feature_dashboard(austen, random_sae(), heldout_text, n_features=1, n_contexts=1, n_logits=4, bins=10, path=path)
+    width, height, rows = screenshot(browser, str(path), str(tmp_path / "f.png"), (1400, 1000))
+    assert (width, height) == (1400, 1000)
+    near = lambda p, q: all(abs(a - b) <= 12 for a, b in zip(p, q))
+    orange = [x for row in rows for x, p in enumerate(row) if near(p, (0xe0, 0x78, 0x00))]
+    blue_red = [x for row in rows for x, p in enumerate(row) if near(p, (0x21, 0x66, 0xac)) or near(p, (0xb2, 0x18, 0x2b))]
+    assert len(orange) > 2000 and len(blue_red) > 500, (len(orange), len(blue_red))
+    assert max(orange) < min(blue_red), (max(orange), min(blue_red))
+    # the left cell is 24..692 px; the plot area ends 80 px (plotly's right margin) before it: measured 612
+    # after the fix, 707 before (cut where the logit chart's cell begins)
+    background = [x for row in rows for x, p in enumerate(row) if x < 770 and p == (0xe5, 0xec, 0xf6)]
+    assert 560 < max(background) < 660, max(background)

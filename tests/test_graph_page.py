@@ -17,7 +17,7 @@ from glassbox.interp.attribution.graph import Graph
 from glassbox.interp.plots.graph import (NEGATIVE, OUTSIDE, POSITIVE, circuit_page, circuit_plot, drawn_edges,
                                          layout_positions)
 from glassbox.models import Config
-from test_viewer_browser import CAPTURE, find_browser, probe, run_in_browser
+from test_viewer_browser import CAPTURE, LAYOUT, find_browser, overflowing, probe, run_in_browser, screenshot
 
 CFG = Config(d_model=35, n_layers=3, n_heads=5, d_vocab=29, n_ctx=17)  # distinct sizes
 GQA = Config(d_model=48, n_layers=2, n_heads=6, n_key_value_heads=2, d_vocab=29, n_ctx=17)
@@ -56,9 +56,9 @@ def test_layout_rows_bottom_to_top_and_ports_below_their_heads():
     assert y["input"] == 0 and y["logits"] == 7  # rows: input, a0, m0, a1, m1, a2, m2, logits
     for L in range(3):
         assert {y[f"a{L}.h{H}"] for H in range(5)} == {2 * L + 1} and y[f"m{L}"] == 2 * L + 2
-    # heads left to right, centred on x = 0; the MLP right of the last head; input and logits at 0
+    # heads left to right, centred on x = 0; the MLPs, input and logits at 0
     assert [nodes[f"a1.h{H}"][0] for H in range(5)] == [-2, -1, 0, 1, 2]
-    assert nodes["m1"][0] > 2 and nodes["input"][0] == 0 and nodes["logits"][0] == 0
+    assert nodes["m1"][0] == 0 and nodes["input"][0] == 0 and nodes["logits"][0] == 0
     for L in range(3):
         for H in range(5):
             hx, hy = nodes[f"a{L}.h{H}"]
@@ -81,6 +81,52 @@ def test_layout_grouped_query_ports_sit_under_the_heads_that_share_them():
     fig = circuit_plot(hand_graph(GQA, {("a0.h1", "a1.kv1.k"): 1.0, ("input", "a1.kv0.v"): -1.0}))
     assert {(t.meta["sender"], t.meta["receiver"]) for t in edge_traces(fig)} == {("a0.h1", "a1.kv1.k"),
                                                                                   ("input", "a1.kv0.v")}
+
+
+def every_edge_graph(cfg, seed=3) -> Graph:
+    names_s, names_r = senders(cfg), receivers(cfg)
+    scores = torch.randn(len(names_s), len(names_r), generator=torch.Generator().manual_seed(seed))
+    return Graph(names_s, names_r, scores.masked_fill(~edge_mask_for(names_s, names_r), float("nan")), {"method": "EAP"})
+
+
+def blocking(fig) -> list:
+    """(edge, node or port, where) for each piece of an edge's path that passes a node or port that the edge
+    does not touch: a slanted piece with any node or port within its height, or a vertical piece within 0.15
+    head places of one within its height (head places are ~100 px apart on a 1400 px page: 15 px, more than
+    a node's radius, 8 px, plus half the widest line, 4.5 px)."""
+    nodes = next(t for t in fig.data if (t.meta or {}).get("kind") == "nodes")
+    ports = next(t for t in fig.data if (t.meta or {}).get("kind") == "ports")
+    points = list(zip(nodes.customdata, nodes.x, nodes.y)) + list(zip(ports.customdata, ports.x, ports.y))
+    bad = []
+    for t in edge_traces(fig):
+        own = {t.meta["sender"], t.meta["receiver"], t.meta["receiver"].rsplit(".", 1)[0]}
+        for i in range(len(t.x) - 1):
+            (x0, y0), (x1, y1) = (t.x[i], t.y[i]), (t.x[i + 1], t.y[i + 1])
+            low, high = min(y0, y1), max(y0, y1)
+            for name, x, y in points:
+                if name in own or not low <= y <= high:
+                    continue
+                if x0 != x1 or abs(x - x0) < 0.15:
+                    bad.append((t.name, name, ((x0, y0), (x1, y1))))
+    return bad
+
+
+@pytest.mark.parametrize("cfg", [CFG, GQA], ids=["MHA", "GQA"])
+def test_no_edge_passes_through_a_node_it_does_not_touch(cfg):
+    """Every edge of a graph (all drawn), routed: the straight lines of before ran input -> m0 through a0.h2."""
+    fig = circuit_plot(every_edge_graph(cfg), max_edges=100_000)
+    assert len(edge_traces(fig)) == int(edge_mask_for(senders(cfg), receivers(cfg)).sum())
+    assert blocking(fig) == [], blocking(fig)[:5]
+
+
+def test_the_strongest_edge_of_the_shipped_models_circuit_reads_as_itself():
+    """The shipped model's 2 layers x 3 heads: input -> m0 passes beside the heads, not through a0.h1."""
+    cfg = Config(d_model=192, n_layers=2, n_heads=3, d_vocab=29, n_ctx=17)
+    fig = circuit_plot(hand_graph(cfg, {("input", "m0"): -8.7, ("m0", "a1.h0.v"): -7.4, ("a1.h0", "logits"): -5.8,
+                                        ("input", "logits"): 0.3, ("a0.h2", "m1"): 0.2}))
+    assert blocking(fig) == [], blocking(fig)
+    line = next(t for t in edge_traces(fig) if t.name == "input -> m0")
+    assert len(line.x) == 6 and abs(line.x[2]) == 0.5, (line.x, line.y)  # through the gap beside a0.h1
 
 
 # --- which edges, how drawn ----------------------------------------------------------------------
@@ -131,7 +177,7 @@ def test_width_follows_absolute_score_and_colour_follows_sign():
     assert [abs(t.meta["score"]) for t in traces] == sorted(abs(t.meta["score"]) for t in traces)
     nodes, ports = layout_positions(senders(CFG), receivers(CFG))
     for t in traces:
-        assert (t.x[0], t.y[0]) == nodes[t.meta["sender"]] and (t.x[1], t.y[1]) == ports[t.meta["receiver"]]
+        assert (t.x[0], t.y[0]) == nodes[t.meta["sender"]] and (t.x[-1], t.y[-1]) == ports[t.meta["receiver"]]
 
 
 def test_outside_the_circuit_is_grey_and_circuit_nodes_are_dark():
@@ -153,9 +199,17 @@ def test_hover_trace_names_each_drawn_edge_with_its_score():
     hover = next(t for t in fig.data if (t.meta or {}).get("kind") == "edge_hover")
     assert [tuple(c) for c in hover.customdata] == [("m1", "a2.h0.q", -4.0), ("a0.h2", "a1.h0.k", 3.0),
                                                     ("a0.h2", "a2.h4.v", -2.0)]
-    nodes, ports = layout_positions(senders(CFG), receivers(CFG))
-    assert hover.x[0] == (nodes["m1"][0] + ports["a2.h0.q"][0]) / 2
-    assert hover.y[0] == (nodes["m1"][1] + ports["a2.h0.q"][1]) / 2
+    line = next(t for t in edge_traces(fig) if t.name == "m1 -> a2.h0.q")
+    # half-way along the drawn path, by its length (computed here from the trace's own points)
+    pieces = [math.hypot(line.x[i + 1] - line.x[i], line.y[i + 1] - line.y[i]) for i in range(len(line.x) - 1)]
+    walked, half = 0.0, sum(pieces) / 2
+    for i, piece in enumerate(pieces):
+        if walked + piece >= half:
+            t = (half - walked) / piece
+            expected = (line.x[i] + t * (line.x[i + 1] - line.x[i]), line.y[i] + t * (line.y[i + 1] - line.y[i]))
+            break
+        walked += piece
+    assert math.isclose(hover.x[0], expected[0], abs_tol=1e-12) and math.isclose(hover.y[0], expected[1], abs_tol=1e-12)
 
 
 def test_caption_and_refusals(tmp_path):
@@ -195,6 +249,17 @@ PROBE = probe("""  try {
     var curve = document.getElementById("faithfulness");
     out.curve = curve.data[0].y;
     out.curve_rendered = curve.querySelector(".main-svg") !== null;
+    out.sign = document.getElementById("sign").textContent;
+    var table = document.getElementById("edges");
+    var column = function (i) { return Array.prototype.map.call(table.tBodies[0].rows, function (r) {
+      return r.cells[i].textContent; }); };
+    out.table_first = [column(0), column(1), column(2), column(4)];
+    table.tHead.rows[0].cells[2].click();
+    out.table_score_up = column(2);
+    table.tHead.rows[0].cells[2].click();
+    out.table_score_down = column(2);
+    table.tHead.rows[0].cells[0].click();
+    out.table_sender_up = column(0);
     out.resources = performance.getEntriesByType("resource").map(function (r) { return r.name; });
   } catch (e) { out.exception = String(e && e.stack || e); }
 """)
@@ -225,3 +290,85 @@ def test_page_in_headless_chromium(tmp_path):
         seen["hover"]
     assert "5 of" in seen["caption"] and "faithfulness 0.910" in seen["caption"] and "EAP-IG" in seen["caption"]
     assert seen["curve"] == [0.4, 0.91, 1.0] and seen["curve_rendered"]
+    assert "Negative (red): the edge's clean value supports the answer" in seen["sign"], seen["sign"]
+    # The table: every scored edge, the circuit's first, then by |score|; sortable by any column.
+    senders_, receivers_, scores_, inside_ = seen["table_first"]
+    assert list(zip(senders_, receivers_)) == [("a0.h2", "a1.h0.k"), ("a1.h3", "m1"), ("m1", "a2.h0.q"),
+                                               ("a0.h2", "a2.h4.v"), ("m0", "logits"), ("input", "logits"),
+                                               ("input", "a0.h1.q")]
+    assert [float(v) for v in scores_] == [CHOSEN[e] for e in zip(senders_, receivers_)]
+    assert inside_ == ["yes", "yes", "no", "no", "no", "no", "no"]
+    assert [float(v) for v in seen["table_score_up"]] == sorted(CHOSEN.values())
+    assert [float(v) for v in seen["table_score_down"]] == sorted(CHOSEN.values(), reverse=True)
+    assert seen["table_sender_up"] == sorted(s for s, _ in CHOSEN)
+
+
+PIXELS = probe(LAYOUT + """  try {
+    var gd = document.getElementById("circuit");
+    var xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+    var px = function (x, y) { return [xa._offset + xa.l2p(x), ya._offset + ya.l2p(y)]; };
+    var nodes = gd.data.filter(function (t) { return t.meta && t.meta.kind === "nodes"; })[0];
+    var near = [];
+    gd.data.filter(function (t) { return t.meta && t.meta.kind === "edge"; }).forEach(function (t) {
+      var own = [t.meta.sender, t.meta.receiver.replace(/\\.[qkv]$/, "")];
+      nodes.customdata.forEach(function (name, i) {
+        if (own.indexOf(name) >= 0) { return; }
+        var c = px(nodes.x[i], nodes.y[i]), best = Infinity;
+        for (var j = 0; j + 1 < t.x.length; j++) {
+          var a = px(t.x[j], t.y[j]), b = px(t.x[j + 1], t.y[j + 1]);
+          var dx = b[0] - a[0], dy = b[1] - a[1], len = dx * dx + dy * dy;
+          var u = len ? Math.max(0, Math.min(1, ((c[0] - a[0]) * dx + (c[1] - a[1]) * dy) / len)) : 0;
+          best = Math.min(best, Math.hypot(a[0] + u * dx - c[0], a[1] + u * dy - c[1]));
+        }
+        near.push([t.name, name, best, t.line.width]);
+      });
+    });
+    out.near = near;
+    out.port_labels = Array.prototype.map.call(gd.querySelectorAll(".scatterlayer .trace:last-child .textpoint"),
+                                               function (n) { return n.textContent; });
+  } catch (e) { out.exception = String(e && e.stack || e); }
+  out.resources = performance.getEntriesByType("resource").map(function (r) { return r.name; });
+""", delay_ms=1000)
+
+
+SHIPPED_LIKE = {("input", "m0"): -8.7, ("m0", "a1.h0.v"): -7.4, ("a1.h0", "logits"): -5.8, ("m0", "a1.h0.k"): 4.4,
+                ("m0", "a1.h2.v"): -2.5, ("a1.h2", "logits"): -1.7, ("m1", "logits"): -1.3, ("a1.h2", "m1"): -0.76,
+                ("input", "a0.h1.v"): -0.57, ("a0.h1", "m0"): -0.51, ("input", "logits"): 0.3, ("a0.h2", "m1"): 0.2,
+                ("input", "a1.h1.q"): 0.4, ("a0.h0", "a1.h2.k"): -0.3}
+
+
+@pytest.mark.parametrize("width", [800, 1400])
+def test_no_edge_passes_within_a_nodes_radius_in_chromium(tmp_path, width):
+    """The shipped model's shape (2 layers x 3 heads) and its strongest edges, drawn: in pixels, every edge
+    keeps clear of every node it does not touch by more than the node's radius (8 px) plus half its own
+    width. Before, input -> m0 ran through a0.h1 (0 px), reading as input -> a0.h1 -> m0."""
+    browser = find_browser()
+    cfg = Config(d_model=192, n_layers=2, n_heads=3, d_vocab=29, n_ctx=17)
+    page = circuit_page(hand_graph(cfg, SHIPPED_LIKE, circuit={("input", "m0"), ("m0", "a1.h0.v")}))
+    path = tmp_path / "probe.html"
+    path.write_text(page.replace("<head>", "<head>" + CAPTURE, 1).replace("</body>", PIXELS + "</body>", 1),
+                    encoding="utf-8")
+    seen, _ = run_in_browser(browser, str(path), window=(width, 900))
+    assert "exception" not in seen, seen["exception"]
+    assert seen["errors"] == [] and [r for r in seen["resources"] if not r.startswith("file:")] == []
+    assert len(seen["near"]) == len(SHIPPED_LIKE) * (len(senders(cfg)) + 1 - 2)
+    crowded = [(e, n, round(d, 1)) for e, n, d, w in seen["near"] if d <= 8 + w / 2]
+    assert crowded == [], crowded
+    assert overflowing(seen) == [], overflowing(seen)
+    assert sorted(set(seen["port_labels"]) - {""}) == ["k", "q", "v"], seen["port_labels"]
+
+
+def test_circuit_page_screenshot(tmp_path):
+    """At 1400 px, what a reader sees: the red edges (negative scores: the clean value supports the answer)
+    and the blue ones drawn, the q/k/v port labels and the edge table on the first screen."""
+    browser = find_browser()
+    cfg = Config(d_model=192, n_layers=2, n_heads=3, d_vocab=29, n_ctx=17)
+    path = tmp_path / "c.html"
+    circuit_page(hand_graph(cfg, SHIPPED_LIKE), path)
+    width, height, rows = screenshot(browser, str(path), str(tmp_path / "c.png"), (1400, 900))
+    assert (width, height) == (1400, 900)
+    red = sum(1 for row in rows for p in row if p[0] > 150 and p[1] < 90 and p[2] < 100)
+    blue = sum(1 for row in rows for p in row if p[2] > 140 and p[0] < 110 and p[1] < 150)
+    assert red > 800 and blue > 100, (red, blue)  # measured 1589 and 500-odd
+    table_header = sum(1 for row in rows[600:] for p in row if p == (0xf2, 0xf2, 0xf2))
+    assert table_header > 1000, table_header  # the table's grey heading row is on the first screen

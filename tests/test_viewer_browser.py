@@ -44,7 +44,7 @@ window.__gbErrors = [];
 </script>"""
 
 
-def probe(body: str) -> str:
+def probe(body: str, delay_ms: int = 100) -> str:
     """A script that, once the page has loaded and drawn, runs ``body`` (which fills ``out``) and
     writes ``out`` with the captured errors as JSON into <pre id="gb-test-results">."""
     return """<script>
@@ -55,7 +55,7 @@ window.addEventListener("load", function () { setTimeout(function () {
   pre.id = "gb-test-results";
   pre.textContent = JSON.stringify(out);
   document.body.appendChild(pre);
-}, 100); });
+}, """ + str(delay_ms) + """); });
 </script>"""
 
 
@@ -99,20 +99,107 @@ def find_browser():
                 "browser test runs only where a browser exists (apt-get install chromium)")
 
 
-def run_in_browser(browser: str, page_path: str) -> tuple:
+def browser_command(browser: str, profile: str, window: tuple) -> list:
+    return [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+            f"--user-data-dir={profile}", "--host-resolver-rules=MAP * ~NOTFOUND", "--enable-logging=stderr",
+            "--v=0", "--virtual-time-budget=10000", f"--window-size={window[0]},{window[1]}"]
+
+
+def run_in_browser(browser: str, page_path: str, window: tuple = (1280, 900)) -> tuple:
+    """(what the probe wrote, Chromium's stderr) for the page at ``page_path`` in a ``window`` (width, height)."""
     profile = tempfile.mkdtemp(prefix="glassbox-chromium-")
     try:
-        done = subprocess.run(
-            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--host-resolver-rules=MAP * ~NOTFOUND", "--enable-logging=stderr",
-             "--v=0", "--virtual-time-budget=10000", "--dump-dom", f"file://{page_path}"],
-            capture_output=True, text=True, timeout=180)
+        done = subprocess.run(browser_command(browser, profile, window) + ["--dump-dom", f"file://{page_path}"],
+                              capture_output=True, text=True, timeout=180)
     finally:
         shutil.rmtree(profile, ignore_errors=True)
     found = re.search(r'<pre id="gb-test-results">(.*?)</pre>', done.stdout, re.S)
     assert found, f"the probe wrote no results (exit {done.returncode}); stderr tail:\n{done.stderr[-2000:]}"
     return json.loads(html.unescape(found.group(1))), done.stderr
+
+
+def screenshot(browser: str, page_path: str, png_path: str, window: tuple) -> tuple:
+    """Chromium's screenshot of the page's first ``window`` (width, height): (width, height, pixels), the
+    pixels a list of rows of (r, g, b) tuples."""
+    profile = tempfile.mkdtemp(prefix="glassbox-chromium-")
+    try:
+        subprocess.run(browser_command(browser, profile, window) + [f"--screenshot={png_path}", f"file://{page_path}"],
+                       capture_output=True, text=True, timeout=180)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    assert os.path.isfile(png_path), "Chromium wrote no screenshot"
+    return read_png(png_path)
+
+
+def read_png(path: str) -> tuple:
+    """(width, height, rows of (r, g, b)) of an 8-bit RGB or RGBA, non-interlaced PNG (what Chromium writes)."""
+    import struct
+    import zlib
+
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    pos, chunks, header = 8, [], None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            chunks.append(body)
+        pos += 12 + length
+    width, height, depth, colour, _, _, interlace = header
+    assert depth == 8 and colour in (2, 6) and interlace == 0, f"unexpected PNG format {header}"
+    channels = 3 if colour == 2 else 4
+    raw, stride = zlib.decompress(b"".join(chunks)), width * channels
+    rows, previous = [], bytearray(stride)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - channels] if i >= channels else 0
+            b, c = previous[i], previous[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + a) & 255
+            elif kind == 2:
+                line[i] = (line[i] + b) & 255
+            elif kind == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif kind == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append([tuple(line[x * channels:x * channels + 3]) for x in range(width)])
+        previous = line
+    return width, height, rows
+
+
+# Measures every plotly figure against the cell it sits in: the figure's div, its drawn SVG and its axis
+# titles must lie inside the cell, and the page must not scroll sideways.
+LAYOUT = """  var cells = [];
+  Array.prototype.forEach.call(document.querySelectorAll(".plotly-graph-div"), function (gd) {
+    var cell = gd.parentElement.getBoundingClientRect(), own = gd.getBoundingClientRect();
+    var svg = gd.querySelector(".main-svg"), drawn = svg ? svg.getBoundingClientRect() : null;
+    var titles = Array.prototype.map.call(gd.querySelectorAll(".xtitle, .ytitle, .gtitle"), function (t) {
+      var r = t.getBoundingClientRect(); return [t.textContent, r.left, r.right]; });
+    cells.push({id: gd.id, cell: [cell.left, cell.right], div: [own.left, own.right],
+                svg: drawn ? [drawn.left, drawn.right] : null, titles: titles,
+                layout_width: gd._fullLayout ? gd._fullLayout.width : null});
+  });
+  out.cells = cells;
+  out.page = [document.documentElement.scrollWidth, window.innerWidth];
+"""
+
+
+def overflowing(seen: dict, slack: float = 1.0) -> list:
+    """The figures (by id) whose div, SVG or an axis title leaves its cell, from the LAYOUT probe."""
+    bad = []
+    for c in seen["cells"]:
+        left, right = c["cell"]
+        spans = [("div", c["div"]), ("svg", c["svg"])] + [(f"title {t!r}", (l, r)) for t, l, r in c["titles"]]
+        for what, span in spans:
+            if span is None or span[0] < left - slack or span[1] > right + slack:
+                bad.append((c["id"], what, span, (left, right)))
+    return bad
 
 
 def close(a, b, atol=1e-4) -> bool:  # the page's numbers are rounded to 5 decimals (error <= 5e-6)

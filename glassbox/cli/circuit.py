@@ -4,6 +4,18 @@
         --corrupted "Elizabeth read the garden. Then Elizabeth read the" \\
         --answer " letter" --distractor " garden" [--method EAP|EAP-IG --steps m --points GRID --top-k K
         --out DIR]
+    glassbox circuit --pairs pairs.jsonl [...]     # many pairs: the JSONL the scale jobs read
+
+``--pairs FILE`` takes the prompt pairs of the scale jobs (``glassbox.scale.jobs_data``: JSONL, JSON or a
+datasets folder; fields clean, corrupted, answer, distractor, as text or token ids), all of one token
+length; the metric is then the mean logit difference over the pairs. When the clean run does not
+prefer the answer (its logit difference is <= 0) the command says so on stderr, and suggests the
+spelling with a leading space where that is one token (``letter`` -> ``' letter'``); a word that is
+not one token is refused with the same suggestion.
+
+Sign convention: an edge's score estimates the change in the metric when that edge alone carries its
+sender's corrupted value (score ~ m(edge corrupted) - m(clean)); a negative score (red) is an edge whose
+clean value supports the answer, a positive one (blue) an edge that works against it.
 
 The metric is the logit difference answer - distractor at the last position. Every edge (input,
 heads, MLPs -> each head's q/k/v input, each MLP input, the logits) is scored by edge attribution
@@ -47,12 +59,16 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"hub name (gpt2, ...; from the hub or the local Hugging Face cache), folder or shipped model "
                         f"(default {DEFAULT_MODEL}); needs sequential pre-norm blocks")
-    p.add_argument("--clean", type=text_arg, required=True, help="the prompt whose prediction the circuit explains")
-    p.add_argument("--corrupted", type=text_arg, required=True,
+    p.add_argument("--clean", type=text_arg, default=None, help="the prompt whose prediction the circuit explains")
+    p.add_argument("--corrupted", type=text_arg, default=None,
                    help="the same prompt with something changed; as many tokens as --clean")
-    p.add_argument("--answer", type=text_arg, required=True, help="one token: the clean prompt's next token")
-    p.add_argument("--distractor", type=text_arg, required=True,
+    p.add_argument("--answer", type=text_arg, default=None, help="one token: the clean prompt's next token")
+    p.add_argument("--distractor", type=text_arg, default=None,
                    help="one token: what the corrupted prompt predicts instead")
+    p.add_argument("--pairs", default=None, metavar="FILE",
+                   help="prompt pairs instead of --clean/--corrupted/--answer/--distractor: the JSONL (or JSON, or "
+                        "datasets folder) the scale jobs read, every pair of one token length; the metric is the "
+                        "mean logit difference")
     p.add_argument("--method", choices=tuple(METHODS), default="EAP-IG",
                    help="EAP (one gradient), or EAP-IG (default; the gradient averaged over --steps points between "
                         "the clean and corrupted embeddings, = EAP-IG-inputs), or EAP-IG-activations (per sender, "
@@ -91,16 +107,27 @@ def sweep_sizes(n_edges: int, top_k=None) -> list:
     return sorted(sizes)
 
 
-def check_arguments(args, model) -> tuple:
-    """(clean [1 pos], corrupted [1 pos], answer id, distractor id), or a UsageError naming the argument."""
-    from .demo import not_one_token, token_id
+FLAGS = ("--clean", "--corrupted", "--answer", "--distractor")
 
+
+def check_arguments(args, model) -> tuple:
+    """(clean [batch pos], corrupted [batch pos], answer id(s), distractor id(s)), or a UsageError naming
+    the argument: one pair from the four flags (ids are ints), or ``--pairs`` (ids are [batch] tensors)."""
     if args.method == "EAP" and args.steps not in (None, 1):
         raise UsageError(f"--steps {args.steps} is for EAP-IG (EAP takes one gradient); drop --steps or give "
                          "--method EAP-IG")
     if args.method == "EAP" and args.points is not None:
         raise UsageError(f"--points {args.points} is for EAP-IG (EAP takes one gradient, at the clean run); drop "
                          "--points or give --method EAP-IG")
+    given = [flag for flag in FLAGS if getattr(args, flag[2:]) is not None]
+    if args.pairs is not None:
+        if given:
+            raise UsageError(f"--pairs {args.pairs!r} gives the prompts, answers and distractors; drop "
+                             f"{', '.join(given)}")
+        return pairs_arguments(args.pairs, model)
+    missing = [flag for flag in FLAGS if flag not in given]
+    if missing:
+        raise UsageError(f"give {', '.join(missing)} (one prompt pair), or --pairs FILE")
     clean = prompt_tokens(model, args.clean, flag="--clean")
     corrupted = prompt_tokens(model, args.corrupted, flag="--corrupted")
     if clean.shape != corrupted.shape:
@@ -112,14 +139,90 @@ def check_arguments(args, model) -> tuple:
                          "(e.g. the word the answer repeats)")
     ids = {}
     for flag, value in (("--answer", args.answer), ("--distractor", args.distractor)):
-        why = not_one_token(model, value)
+        why = one_token_problem(model, value)
         if why:
-            raise UsageError(f"{flag} {value!r} {why}; give a single-token word")
+            raise UsageError(f"{flag} {value!r} {why}")
         ids[flag] = token_id(model, value)
     if ids["--answer"] == ids["--distractor"]:
         raise UsageError(f"--distractor {args.distractor!r} is the same token as --answer; the logit difference "
                          "would be 0 on every run")
     return clean, corrupted, ids["--answer"], ids["--distractor"]
+
+
+def token_id(model, text: str) -> int:
+    from .demo import token_id as first_id
+
+    return first_id(model, text)
+
+
+def spaced(model, text: str):
+    """``' ' + text`` when that is one ordinary token and ``text`` has no leading space, else None."""
+    from .demo import not_one_token
+
+    if text.startswith(" ") or not text.strip():
+        return None
+    return " " + text if not not_one_token(model, " " + text) else None
+
+
+def one_token_problem(model, text: str):
+    """Why ``text`` cannot be an answer or distractor (with the spelling that can, where a leading space
+    makes it one token), or None."""
+    from .demo import not_one_token
+
+    why = not_one_token(model, text)
+    if not why:
+        return None
+    better = spaced(model, text)
+    return why + (f"; did you mean {better!r} (with a leading space, one token)?" if better else
+                  "; give a single-token word")
+
+
+def pairs_arguments(path: str, model) -> tuple:
+    from ..scale.jobs_data import load_pairs
+
+    import torch
+
+    try:
+        pairs = load_pairs(path, model.tokenizer, prepend_bos=model.cfg.default_prepend_bos, required=FLAGS_FIELDS)
+        pairs.check_one_length("glassbox circuit")
+        pairs.check_vocab(model.cfg.d_vocab)
+        pairs.check_context(model.cfg.n_ctx)
+    except (ValueError, FileNotFoundError, ImportError) as error:
+        raise UsageError(f"--pairs {path!r}: {str(error).splitlines()[0]}") from error
+    for i, (a, d) in enumerate(zip(pairs.answer, pairs.distractor)):
+        if a == d:
+            raise UsageError(f"--pairs {path!r}: {pairs.names[i]} has the same token as answer and distractor; the "
+                             "logit difference would be 0 on every run")
+    device = model.W_U.device
+    clean = torch.tensor(pairs.clean, device=device)
+    corrupted = torch.tensor(pairs.corrupted, device=device)
+    if bool((clean == corrupted).all()):
+        raise UsageError(f"--pairs {path!r}: every pair's corrupted prompt has the same tokens as its clean one")
+    return clean, corrupted, torch.tensor(pairs.answer, device=device), torch.tensor(pairs.distractor, device=device)
+
+
+FLAGS_FIELDS = ("clean", "corrupted", "answer", "distractor")
+
+
+def warn_if_not_preferred(found, args, model, out=None) -> None:
+    """Say on stderr when the clean run does not prefer the answer: the circuit then explains a
+    preference for the distractor, or nothing."""
+    import sys
+
+    clean = float(found.sweep.full)  # the exact clean run's (mean) logit difference
+    if clean > 0:
+        return
+    what = (f"the mean logit difference over --pairs {args.pairs!r}" if args.pairs is not None else
+            f"the logit difference --answer {args.answer!r} - --distractor {args.distractor!r}")
+    hint = ""
+    if args.pairs is None:
+        better = [(flag, spaced(model, value)) for flag, value in (("--answer", args.answer),
+                                                                   ("--distractor", args.distractor))]
+        better = [f"{flag} {b!r}" for flag, b in better if b is not None]
+        if better:
+            hint = f"; did you mean {' '.join(better)} (a leading space, as the word follows a space in the prompt)?"
+    print(f"glassbox circuit: warning: {what} is {clean:.4g} on the clean run, so the clean run does not prefer "
+          f"the answer and the circuit found explains no preference for it{hint}", file=out or sys.stderr)
 
 
 def run(args) -> int:
@@ -141,7 +244,11 @@ def run(args) -> int:
     steps = (args.steps or DEFAULT_STEPS) if args.method != "EAP" else 1
     found = find_circuit(model, args.model, clean, corrupted, answer, distractor, args.method, steps, args.top_k,
                          progress=not args.no_progress, points=args.points or "paper")
-    found.graph.metadata.update(clean=args.clean, corrupted=args.corrupted)
+    if args.pairs is not None:
+        found.graph.metadata.update(pairs=str(args.pairs), n_pairs=int(clean.shape[0]))
+    else:
+        found.graph.metadata.update(clean=args.clean, corrupted=args.corrupted)
+    warn_if_not_preferred(found, args, model)
     make_folder(out, args.out)
     write_outputs(found, out, args)
     print(summary(found, args))
@@ -158,10 +265,11 @@ class Found:
         self.faithfulness = dict(zip(sweep.sizes, sweep.faithfulness.tolist()))  # edge count -> faithfulness
 
 
-def find_circuit(model, name, clean, corrupted, answer: int, distractor: int, method: str, steps: int, top_k,
+def find_circuit(model, name, clean, corrupted, answer, distractor, method: str, steps: int, top_k,
                  progress: bool, points: str = "paper") -> Found:
     """Score every edge, evaluate the top-k circuits exactly over ``sweep_sizes`` and MIB's fractions,
-    and choose the circuit (``top_k``, or the smallest swept size reaching ``TARGET``)."""
+    and choose the circuit. ``answer`` and ``distractor`` are token ids: ints for one pair, [batch]
+    tensors for ``--pairs`` (the metric is then the mean over the pairs); (``top_k``, or the smallest swept size reaching ``TARGET``)."""
     from ..interp.attribution.eap import eap
     from ..interp.attribution.eap_setup import check_edge_model
     from ..interp.attribution.faithfulness import MIB_FRACTIONS, faithfulness_curve
@@ -197,7 +305,8 @@ def find_circuit(model, name, clean, corrupted, answer: int, distractor: int, me
     circuit.metadata.update({
         "circuit_size": chosen, "circuit_faithfulness": dict(zip(sweep.sizes, sweep.faithfulness.tolist()))[chosen],
         "faithfulness_by_size": sweep.as_dict(), "faithfulness_mib": mib.as_dict(), "CPR": mib.cpr, "CMD": mib.cmd,
-        "answer": model.tokenizer.decode([answer]), "distractor": model.tokenizer.decode([distractor])})
+        **({"answer": model.tokenizer.decode([answer]), "distractor": model.tokenizer.decode([distractor])}
+           if isinstance(answer, int) else {})})
     return Found(circuit, sweep, mib, chosen, reached, time.perf_counter() - start)
 
 
@@ -206,10 +315,20 @@ def write_outputs(found: Found, out, args) -> None:
 
     write_output(out / "graph.json", args.out, json.dumps(found.graph.to_json(), allow_nan=False))
     meta = found.graph.metadata
-    page = circuit_page(found.graph, title=f"circuit of {meta.get('model', args.model)}: {args.answer!r} over "
-                        f"{args.distractor!r}", max_edges=args.max_edges,
+    page = circuit_page(found.graph, title=f"circuit of {meta.get('model', args.model)}: {task(args, found)}",
+                        max_edges=args.max_edges,
                         faithfulness=found.faithfulness[found.chosen], curve=found.faithfulness)
     write_output(out / "circuit.html", args.out, page)
+
+
+def task(args, found) -> str:
+    if args.pairs is not None:
+        return f"{found.graph.metadata.get('n_pairs')} pairs of {args.pairs}"
+    return f"{args.answer!r} over {args.distractor!r}"
+
+
+SIGN = ("an edge's score estimates the change in the metric when that edge alone carries its sender's corrupted "
+        "value: negative = its clean value supports the answer, positive = it works against it")
 
 
 def summary(found: Found, args, n_top: int = 10) -> str:
@@ -218,9 +337,10 @@ def summary(found: Found, args, n_top: int = 10) -> str:
     steps = f" ({meta['steps']} steps, {meta['points']} grid)" if meta.get("steps") else ""
     lines = [f"model {meta.get('model')}: {cfg.get('n_layers')} layers x {cfg.get('n_heads')} heads; "
              f"{graph.n_edges:,} edges scored by {meta['method']}{steps}",
-             f"logit difference {args.answer!r} - {args.distractor!r}: clean {found.sweep.full:.4f}, "
-             f"corrupted {found.sweep.empty:.4f} (exact evaluation)", "",
-             f"top {min(n_top, graph.n_edges)} edges:"]
+             (f"mean logit difference answer - distractor over {meta.get('n_pairs')} pairs" if args.pairs is not None
+              else f"logit difference {args.answer!r} - {args.distractor!r}")
+             + f": clean {found.sweep.full:.4f}, corrupted {found.sweep.empty:.4f} (exact evaluation)", "",
+             f"top {min(n_top, graph.n_edges)} edges ({SIGN}):"]
     edges = graph.edges()[:n_top]
     width = max((len(f"{s} -> {r}") for s, r, _ in edges), default=0)
     lines += [f"  {f'{s} -> {r}':<{width}}  {score:+.4f}" for s, r, score in edges]

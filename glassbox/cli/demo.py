@@ -41,6 +41,8 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default="glassbox-report",
                    help="output folder, created if needed (default glassbox-report)")
     p.add_argument("--device", default=None, type=device_arg, help="e.g. cuda; default: cpu")
+    p.add_argument("--single-file", action="store_true",
+                   help="inline plotly.js into each page (~4.9 MB a page) instead of one plotly.min.js beside them")
     p.add_argument("--no-features", action="store_true",
                    help="leave out the feature section (on by default where glassbox ships an SAE of the model)")
     p.set_defaults(func=run)
@@ -79,6 +81,13 @@ def choose_story(model, prompt: Optional[str], answer: Optional[str], distractor
                          f"{not_one_token(model, DEFAULT_ANSWER)}; give --answer, the single token that follows "
                          f"the first occurrence of your prompt's repeated phrase, {such_as()}")
 
+    if prompt is None and answer is not None and not answer[:1].isspace():
+        # the default prompts put the answer straight after a word ("read the{answer}")
+        spaced = " " + answer
+        better = (f"; give --answer {spaced!r} (one token)" if not not_one_token(model, spaced) else
+                  "; give an answer with a leading space")
+        raise UsageError(f"--answer {answer!r} has no leading space, so the default prompts would read "
+                         f"{story_prompts_of(answer)!r}{better}, or give --prompt with it")
     if prompt is not None:
         tokens = prompt_tokens(model, prompt)[0].tolist()
         if token_id(model, answer) not in tokens:
@@ -107,6 +116,13 @@ def choose_story(model, prompt: Optional[str], answer: Optional[str], distractor
         raise UsageError(f"--distractor {distractor!r} is the answer's token; the corrupted prompt must differ from "
                          f"the clean one, so give another single-token word {such_as(exclude=(answer,))}")
     return Story(prompt, answer, distractor, notes)
+
+
+def story_prompts_of(answer: str) -> str:
+    """The start of the shortest default prompt around ``answer``, as a reader would see it."""
+    from ..interp.report import story_prompts
+
+    return story_prompts(answer)[-1]
 
 
 def not_one_token(model, text: str) -> Optional[str]:
@@ -194,7 +210,7 @@ def run(args) -> int:
     from ..interp.report import build_report
 
     out = output_folder(args.out)
-    for name in ("index.html", "summary.json"):
+    for name in ("index.html", "summary.json", "plotly.min.js", "features.html"):
         if (out / name).is_dir():
             raise UsageError(f"--out {args.out!r} holds a folder named {name}, where the report writes a file; "
                              "give another folder")
@@ -207,7 +223,7 @@ def run(args) -> int:
     sae, feature_text = (None, None) if args.no_features else feature_inputs(model)
     make_folder(out, args.out)
     summary = build_report(model, story.prompt, story.answer, story.distractor, out, sae=sae,
-                           feature_text=feature_text)
+                           feature_text=feature_text, single_file=args.single_file)
     print(f"model {summary['model']['name']}: {summary['model']['n_layers']} layers, "
           f"{summary['model']['parameters']:,} parameters")
     print(f"parity with transformers: worst relative difference {summary['parity_worst_relative']:.1e}")

@@ -2,7 +2,9 @@
 
 ``build_report(model, prompt, answer, distractor, out_dir)`` writes ``out_dir/index.html`` (one
 offline page: a section per study, each a caption with its key numbers above its plotly figure) and
-``out_dir/summary.json`` (every number shown, and the captions), and returns the summary. With an
+``out_dir/summary.json`` (every number shown, and the captions), and returns the summary. The pages
+load plotly.js from ``out_dir/plotly.min.js`` (written once beside them; nothing from the network), or
+inline it with ``single_file=True``. With an
 SAE of the model (``sae=``) it adds a feature section (``report_features``).
 
 The patching story is induction: the prompt repeats a phrase, the clean run saw ``answer``
@@ -30,7 +32,7 @@ from ..weights.parity import parity_report
 from .heads import detect_head, induction_score
 from .patching import LogitDiff, Normalized, patch_resid_pre
 from .plots import attention_selector, logit_lens_plot, patching_heatmap
-from .plots.html import PAGE, plotly_js
+from .plots.html import PLOTLY_ASSET, page as html_page, write_plotly_asset
 
 INDUCTION_SEQ_LEN = 20
 DEFAULT_ANSWER, DEFAULT_DISTRACTOR = " letter", " garden"
@@ -114,6 +116,8 @@ def table_figure(header: list, rows: list, title: str):
 # The tolerance on the worst relative difference, as ``glassbox parity`` judges it (a test keeps them equal).
 PARITY_TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
 
+LINKED = ("features.html",)  # files beside the report that a caption names: shown as links
+
 SECTION = """<section class="report-section" id="{id}">
 <p class="caption" id="caption-{id}">{caption}</p>
 {figure}
@@ -148,23 +152,36 @@ def lens_lead(lens_series: torch.Tensor, labels: list) -> Optional[str]:
     return None
 
 
-def page_html(sections: list, title: str) -> str:
-    """The report page: one section per (id, caption, figure), plotly.js inlined once."""
-    body = "\n".join(SECTION.format(id=sid, caption=html.escape(caption),
+def linked(caption_html: str) -> str:
+    """An escaped caption with each name in LINKED made a link to that file beside the report."""
+    for name in LINKED:
+        caption_html = caption_html.replace(name, f'<a href="{name}">{name}</a>')
+    return caption_html
+
+
+def page_html(sections: list, title: str, plotly_src: Optional[str] = None) -> str:
+    """The report page: one section per (id, caption, figure), plotly.js inlined once (or, with
+    ``plotly_src``, loaded from that file next to the page)."""
+    body = "\n".join(SECTION.format(id=sid, caption=linked(html.escape(caption)),
                                      figure=fig.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False,
                                                         div_id=f"figure-{sid}"))
                       for sid, caption, fig in sections)
-    return PAGE.format(title=html.escape(title), plotly=plotly_js(), body=body)
+    return html_page(title, body, plotly_src)
 
 
 @torch.no_grad()
 def build_report(model: HookedTransformer, prompt: str, answer: str, distractor: str, out_dir,
-                 progress: bool = False, sae=None, feature_text: Optional[str] = None) -> dict:
+                 progress: bool = False, sae=None, feature_text: Optional[str] = None, single_file: bool = False) -> dict:
     """Write the report (see the module docstring); with ``sae`` (an SAE of this model) a feature
     section too, and with ``feature_text`` beside it the feature dashboard (features.html) on that text.
-    Every section has a caption holding its key numbers; ``summary["captions"]`` has them by section id."""
+    Every section has a caption holding its key numbers; ``summary["captions"]`` has them by section id.
+    The pages load plotly.js from ``out_dir/plotly.min.js``, written once beside them (still offline);
+    ``single_file=True`` inlines it into each page instead (~4.9 MB a page) and writes no plotly.min.js."""
     start = time.perf_counter()
     out_dir = Path(out_dir)
+    plotly_src = None if single_file else PLOTLY_ASSET
+    if plotly_src is not None:
+        write_plotly_asset(out_dir)  # before the pages: a page never names a file that is not there yet
     tokens = model.to_tokens(prompt)
     str_tokens = model.to_str_tokens(tokens[0])
     n_tokens = len(str_tokens)
@@ -200,6 +217,10 @@ def build_report(model: HookedTransformer, prompt: str, answer: str, distractor:
     parity_text, verdict = parity_caption(parity, n_tokens, dtype)
     lead = lens_lead(lens_series, labels)
     per_layer = lambda col: ", ".join(f"{v:.3f}" for v in values[:, col].tolist())
+    # the position axis names the clean prompt's tokens; at the corrupted position both tokens, as the caption does
+    position_labels = list(str_tokens)
+    position_labels[replaced] = f"{answer}\u2192{distractor}"
+    token_at = lambda pos: (f"{answer!r} clean, {distractor!r} corrupted" if pos == replaced else repr(str_tokens[pos]))
     captions = {
         "model": (f"{model.cfg.model_name}: {model.cfg.n_layers} layers, d_model {model.cfg.d_model}, "
                   f"{model.cfg.n_heads} heads, vocabulary {model.cfg.d_vocab:,}, "
@@ -224,7 +245,7 @@ def build_report(model: HookedTransformer, prompt: str, answer: str, distractor:
         "patching": (f"Patching each layer's resid_pre at each position from the clean run into the corrupted one; "
                      f"{metric.name} = (patched - corrupted) / (clean - corrupted) of the logit difference (clean "
                      f"{clean:.3f}, corrupted {dirty:.3f}). Largest {float(values.max()):.3f} at layer {peak_layer}, "
-                     f"token {peak_pos} ({str_tokens[peak_pos]!r}). By layer at the corrupted token {replaced}: "
+                     f"token {peak_pos} ({token_at(peak_pos)}). By layer at the corrupted token {replaced}: "
                      f"{per_layer(replaced)}; at the last token: {per_layer(values.shape[1] - 1)}."),
     }
     sections = [
@@ -238,7 +259,8 @@ def build_report(model: HookedTransformer, prompt: str, answer: str, distractor:
                       [[r.stage, f"{r.max_abs_diff:.2e}", f"{r.max_abs_ref:.2e}"] for r in parity],
                       "parity with transformers (same weights, eager attention)")),
         ("attention", captions["attention"],
-         attention_selector(patterns, str_tokens, title="attention patterns of the prompt")),
+         attention_selector(patterns, str_tokens, title="attention patterns of the prompt",
+                            initial=(attn_layer, attn_head))),  # opens on the head the caption names
         ("previous-token", captions["previous-token"],
          scores_figure(previous, "previous-token score of each head (on the prompt)")),
         ("induction", captions["induction"],
@@ -247,18 +269,20 @@ def build_report(model: HookedTransformer, prompt: str, answer: str, distractor:
          logit_lens_plot(lens_series, labels, [f"log p({answer!r})", f"log p({distractor!r})"],
                          title="logit lens at the last position", y_title="log probability")),
         ("patching", captions["patching"],
-         patching_heatmap(sweep, title=f"patching resid_pre from clean into corrupted ({metric.name}; "
-                                       f"{answer!r} vs {distractor!r} at token {replaced})")),
+         patching_heatmap(sweep, title=f"patching resid_pre from clean into corrupted ({metric.name}; token "
+                                       f"{replaced}: {answer!r} clean, {distractor!r} corrupted)",
+                          x_labels=position_labels)),
     ]
     features = None
     if sae is not None:
         from .report_features import feature_section
 
         features, caption, figure = feature_section(model, sae, tokens, answer_id, distractor_id, answer, distractor,
-                                                    out_dir, feature_text)
+                                                    out_dir, feature_text, plotly_src=plotly_src)
         captions["features"] = caption
         sections.append(("features", caption, figure))
-    page = write_text(out_dir / "index.html", page_html(sections, f"glassbox report: {model.cfg.model_name}"))
+    page = write_text(out_dir / "index.html", page_html(sections, f"glassbox report: {model.cfg.model_name}",
+                                                        plotly_src))
     summary = {
         "model": {"name": model.cfg.model_name, "n_layers": model.cfg.n_layers, "d_model": model.cfg.d_model,
                   "n_heads": model.cfg.n_heads, "d_vocab": model.cfg.d_vocab,

@@ -77,7 +77,7 @@ def logit_diff(logits: torch.Tensor, answer_id: int, distractor_id: int) -> torc
 
 @torch.no_grad()
 def feature_section(model, sae, tokens, answer_id: int, distractor_id: int, answer: str, distractor: str,
-                    out_dir, feature_text: Optional[str] = None) -> tuple:
+                    out_dir, feature_text: Optional[str] = None, plotly_src: Optional[str] = None) -> tuple:
     """(summary, caption, figure) of the feature section (see the module docstring)."""
     from .plots.common import escape, go, index_axis
     from .plots.features import feature_dashboard
@@ -124,7 +124,7 @@ def feature_section(model, sae, tokens, answer_id: int, distractor_id: int, answ
     dashboard = None
     if feature_text is not None and features:
         dashboard = str(Path(out_dir) / "features.html")
-        feature_dashboard(model, sae, feature_text, features=features, path=dashboard,
+        feature_dashboard(model, sae, feature_text, features=features, path=dashboard, plotly_src=plotly_src,
                           title=f"features of the SAE at {hook} on held-out text")
     k = f", k={sae.cfg.k}" if sae.cfg.k is not None else ""
     changes = "; ".join(f"{r['feature']} (activation {r['activation']:.2f}): {r['change']:+.3f}" for r in rows)

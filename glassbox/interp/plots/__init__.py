@@ -1,7 +1,8 @@
 """Plotly figures for attention patterns and analysis results, and offline HTML export.
 
 plotly is imported on first use, never when glassbox is imported. Every function returns a
-``plotly.graph_objects.Figure`` (or a page string) and never calls ``show``.
+``plotly.graph_objects.Figure`` (or a page string) and never calls ``show``. ``vis`` (imported as
+``glassbox.interp.plots.vis``) holds CircuitsVis-style views in plain HTML, with no plotly.
 """
 
 from .attention import attention_grid, attention_pattern, attention_selector

@@ -75,20 +75,26 @@ def attention_grid(patterns: Float[Tensor, "head query_pos key_pos"], tokens: Op
 
 
 def attention_selector(patterns: Float[Tensor, "layer head query_pos key_pos"], tokens: Optional[Sequence] = None,
-                       title: str = "attention patterns"):
+                       title: str = "attention patterns", initial: tuple = (0, 0)):
     """Every layer's and head's pattern [layer head query_pos key_pos] in one figure, with a dropdown
-    choosing the layer and head shown (layer 0, head 0 first)."""
+    choosing the layer and head shown; it opens on ``initial`` (layer, head), e.g. the head a caption names."""
     if patterns.ndim != 4:
         raise ValueError(f"attention_selector takes [layer head query_pos key_pos], got shape {tuple(patterns.shape)}")
     labels = check_square(patterns, tokens)
     n_layers, n_heads = patterns.shape[:2]
+    if (not isinstance(initial, tuple) or len(initial) != 2 or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                                        for i in initial)
+            or not (0 <= initial[0] < n_layers and 0 <= initial[1] < n_heads)):
+        raise ValueError(f"initial must be (layer, head) with layer in [0, {n_layers}) and head in [0, {n_heads}), "
+                         f"got {initial!r}")
+    first_layer, first_head = initial
     values = to_list(patterns, 5)
-    fig = go().Figure(heatmap_trace(patterns[0, 0], labels))
+    fig = go().Figure(heatmap_trace(patterns[first_layer, first_head], labels))
     buttons = [dict(label=f"layer {l} head {h}", method="update",
                     args=[{"z": [values[l][h]]}, {"title.text": f"{title}: layer {l}, head {h}"}])
                for l in range(n_layers) for h in range(n_heads)]
-    fig.update_layout(title=f"{title}: layer 0, head 0", xaxis=index_axis(labels, "key"),
+    fig.update_layout(title=f"{title}: layer {first_layer}, head {first_head}", xaxis=index_axis(labels, "key"),
                       yaxis=dict(index_axis(labels, "query"), autorange="reversed"),
                       updatemenus=[dict(buttons=buttons, direction="down", x=1.0, xanchor="right", y=1.15,
-                                        yanchor="top", showactive=True)])
+                                        yanchor="top", showactive=True, active=first_layer * n_heads + first_head)])
     return fig

@@ -21,7 +21,8 @@ Contract and footguns:
   the activation is > 0), ties broken by the larger maximum, and shows the first ``n_features`` of
   those active at least once; a feature never active on this text is never chosen.
 - The model runs as it stands: hooks or SAEs already attached to it change what the SAE reads.
-- plotly.js is inlined once (~5 MB); nothing is fetched.
+- plotly.js is inlined once (~5 MB), or loaded from a shared file next to the page (``plotly_src``);
+  nothing is fetched from the network.
 """
 
 import html
@@ -36,7 +37,7 @@ from torch import Tensor, nn
 
 from ...fs import write_text
 from .common import escape, go
-from .html import PAGE, plotly_js
+from .html import page as html_page
 
 LAYER_OF = re.compile(r"^blocks\.(\d+)\.")
 
@@ -296,7 +297,7 @@ STYLE = """<style>
 .tok { border-radius: 2px; }
 .tok.top { outline: 1px solid #000; }
 .figures { display: flex; flex-wrap: wrap; gap: 1em; }
-.figures > div { flex: 1 1 420px; }
+.figures > div { flex: 1 1 420px; min-width: 0; }  /* min-width 0: a cell may shrink below its drawing */
 </style>"""
 
 
@@ -360,17 +361,19 @@ def feature_caption(s: FeatureSummary, n_positions: int) -> str:
 
 def feature_dashboard(model, sae, text_or_tokens: Union[str, Tensor], features: Optional[Sequence] = None,
                       n_features: int = 8, path: Optional[Union[str, Path]] = None, title: Optional[str] = None,
-                      **options) -> str:
+                      plotly_src: Optional[str] = None, **options) -> str:
     """The dashboard page (see the module docstring); ``options`` go to ``feature_summaries``
     (n_contexts, context, n_logits, bins, batch_size). One ``<section class="feature">`` per feature
     (id ``feature-F``) holding its caption, its contexts (``div.context``, largest first) and two figures
-    (div ids ``feature-F-histogram`` and ``feature-F-logits``). Writes to ``path`` when given; returns the page."""
+    (div ids ``feature-F-histogram`` and ``feature-F-logits``). Writes to ``path`` when given; returns the page.
+    plotly.js is inlined, or with ``plotly_src`` (e.g. ``"plotly.min.js"``) loaded from that file next to the
+    page (``glassbox.interp.plots.html.write_plotly_asset`` writes it)."""
     data = feature_summaries(model, sae, text_or_tokens, features=features, n_features=n_features, **options)
-    return dashboard_page(model, sae, data, ranked=features is None, path=path, title=title)
+    return dashboard_page(model, sae, data, ranked=features is None, path=path, title=title, plotly_src=plotly_src)
 
 
 def dashboard_page(model, sae, data: DashboardData, ranked: bool = True, path: Optional[Union[str, Path]] = None,
-                   title: Optional[str] = None) -> str:
+                   title: Optional[str] = None, plotly_src: Optional[str] = None) -> str:
     """The page of ``data`` (from ``feature_summaries``)."""
     title = title or f"features of the SAE at {sae.cfg.hook_name}"
     to_div = lambda fig, div_id: fig.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False,
@@ -385,7 +388,7 @@ def dashboard_page(model, sae, data: DashboardData, ranked: bool = True, path: O
             f'<h3>top-activating contexts</h3>\n<div class="contexts">{contexts}</div>\n'
             f'<div class="figures">{to_div(histogram_figure(s), f"feature-{s.feature}-histogram")}\n'
             f'{to_div(logits_figure(s), f"feature-{s.feature}-logits")}</div>\n</section>')
-    page = PAGE.format(title=html.escape(title), plotly=plotly_js(), body="\n".join(parts))
+    page = html_page(title, "\n".join(parts), plotly_src)
     if path is not None:
         write_text(path, page)  # whole or not at all (glassbox.fs): a killed write leaves no half page
     return page
