@@ -121,8 +121,11 @@ def test_code_block_runs_on_its_own(tmp_path, monkeypatch, where, line, code, wh
     if why is not None:
         pytest.skip(f"marked not run: {why}")
     if "as_transformer_lens()" in code:  # replaces transformer_lens in sys.modules: a process of its own
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        done = subprocess.run([sys.executable, "-c", code + "\nprint('shape', tuple(stack.shape))"],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert done.returncode == 0, f"{where}:{line}\n{done.stderr[-3000:]}"
+        # test_prompt's report, and the stack of 2 layers x 3 heads of d_model 192
+        assert "Rank: 0" in done.stdout and "shape (6, 1, 192)" in done.stdout, done.stdout[-2000:]
         return
     monkeypatch.chdir(tmp_path)
     exec(compile(code, f"{where}:{line}", "exec"), {"__name__": "__docs_block__"})
