@@ -13,7 +13,8 @@ def build_parser() -> Parser:
     from .. import __version__
 
     parser = Parser(
-        prog="glassbox", description="glassbox: a hooked, tested GPT-2 for mechanistic interpretability. "
+        prog="glassbox", description="glassbox: a hooked, tested reimplementation of transformer language models (GPT-2, "
+        "Llama, Mistral, Qwen, Gemma, GPT-NeoX, OLMo 2, GPT-J) for mechanistic interpretability. "
         "demo, parity and attention use the shipped glassbox-austen model unless --model says otherwise. "
         "A mistake in the arguments prints one line (glassbox COMMAND: error: ...) and exits with status 2.")
     parser.add_argument("--version", action="version", version=f"glassbox {__version__}")

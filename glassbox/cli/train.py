@@ -1,10 +1,11 @@
-"""``glassbox train``: train a small GPT-2 (and its BPE tokenizer) on a text file.
+"""``glassbox train``: train a small transformer (a GPT-2 by default) and its BPE tokenizer on a text file.
 
-DIR ends up a normal Hugging Face GPT-2 folder (config.json, model.safetensors, vocab.json,
-merges.txt) that ``transformers`` and ``HookedTransformer.from_pretrained(DIR)`` both load, plus
-``checkpoint/`` (to resume with ``--resume``), ``train_log.jsonl`` (one line per step),
-``train_summary.json`` (final held-out loss next to the unigram baseline) and
-``train_settings.json`` (the settings and the text's SHA-256; see ``glassbox.train.rundir``).
+With the default ``--arch gpt2``, DIR ends up a normal Hugging Face GPT-2 folder (config.json,
+model.safetensors, vocab.json, merges.txt) that ``transformers`` and
+``HookedTransformer.from_pretrained(DIR)`` both load, plus ``checkpoint/`` (to resume with
+``--resume``), ``train_log.jsonl`` (one line per step), ``train_summary.json`` (final held-out loss
+next to the unigram baseline) and ``train_settings.json`` (the settings and the text's SHA-256; see
+``glassbox.train.rundir``).
 
 ``--arch`` picks a preset of ``glassbox.models.presets``; only ``gpt2`` exports to a Hugging Face
 folder, the others keep their weights in ``checkpoint/``. The tokenizer is trained on the training
@@ -87,7 +88,7 @@ SETTINGS = {
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("train", help="train a small GPT-2 and its tokenizer on a text file")
+    p = sub.add_parser("train", help="train a small transformer (GPT-2 by default, --arch) and its tokenizer on a text file")
     p.add_argument("--text", required=True, help="a UTF-8 text file")
     p.add_argument("--out", required=True, help="output folder (a Hugging Face GPT-2 folder at the end)")
     for name, (kind, default, help_text) in SETTINGS.items():
