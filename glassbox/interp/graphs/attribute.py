@@ -9,7 +9,8 @@ kept) gives the gradient at every leaf; contracting it with each source's vector
 row; error; embedding) gives the row of direct effects. The model is linear in these sources under the
 freezes, so the rows are exact, not estimates.
 
-Memory (``estimate_bytes``): the dense adjacency, n_nodes^2 x 4 bytes, on the CPU; per batch, the
+Memory (``estimate_bytes``): the dense adjacency, n_nodes^2 x 4 bytes (float32; 8 for a float64 model), on
+the CPU; per batch, the
 gradients of every layer output, batch_size x n_pos x d_model x (n_layers + 1) x itemsize x 2; the padded
 decoder rows of the active features, n_positions x max features per position x d_model x itemsize for
 each (source, target) layer pair. A graph over ``max_bytes`` (default 4 GiB) is refused before any work,
@@ -57,7 +58,7 @@ def pad_batch(g: Tensor, B: int) -> Tensor:
 
 def estimate_bytes(n_nodes: int, n_pos: int, d_model: int, n_layers: int, batch_size: int, itemsize: int,
                    decoder_rows: int) -> dict:
-    adjacency = n_nodes * n_nodes * 4
+    adjacency = n_nodes * n_nodes * max(4, itemsize)
     per_batch = 2 * batch_size * n_pos * d_model * (n_layers + 1) * itemsize
     decoders = decoder_rows * d_model * itemsize
     return {"adjacency": adjacency, "per_batch": per_batch, "decoders": decoders,
@@ -139,10 +140,11 @@ def attribute(model, transcoders, prompt: Union[str, Tensor, Sequence[int]], *, 
     pre_vals = torch.stack([run.inputs[l, p].to(dtype) @ enc[l][0][:, f] + enc[l][1][f] for l, p, f in feats.tolist()]) \
         if n_f else torch.zeros(0, dtype=dtype)
     logit_vals = run.logits[-1, logit_ids] - run.logits[-1].mean()
-    values = torch.zeros(N, dtype=torch.float32)
-    values[:n_f] = pre_vals.float().cpu()
-    values[n_src:] = logit_vals.float().cpu()
-    adjacency = torch.zeros(N, N, dtype=torch.float32)
+    store = torch.float64 if dtype == torch.float64 else torch.float32  # float32 unless computed in float64
+    values = torch.zeros(N, dtype=store)
+    values[:n_f] = pre_vals.to(store).cpu()
+    values[n_src:] = logit_vals.to(store).cpu()
+    adjacency = torch.zeros(N, N, dtype=store)
 
     params = [p for p in model.parameters() if p.requires_grad]
     try:
@@ -185,7 +187,7 @@ def attribute(model, transcoders, prompt: Union[str, Tensor, Sequence[int]], *, 
                 vec = logit_vecs[i:i + batch_size]
                 g = torch.zeros(len(vec), 1, *final.shape[1:], dtype=final.dtype, device=final.device)
                 g[:, 0, -1] = vec.to(final.dtype)
-                adjacency[n_src + i:n_src + i + len(vec), :n_src] = backward({final: g}, len(vec)).float().cpu()
+                adjacency[n_src + i:n_src + i + len(vec), :n_src] = backward({final: g}, len(vec)).to(store).cpu()
             for i in range(0, n_f, batch_size):
                 batch = feats[i:i + batch_size]
                 targets_at = {}
@@ -194,11 +196,11 @@ def attribute(model, transcoders, prompt: Union[str, Tensor, Sequence[int]], *, 
                     g = torch.zeros(len(batch), 1, *seen[l].shape[1:], dtype=seen[l].dtype, device=seen[l].device)
                     g[sel, 0, batch[sel, 1]] = enc[l][0][:, batch[sel, 2]].T.to(g.dtype)
                     targets_at[seen[l]] = g
-                adjacency[i:i + len(batch), :n_src] = backward(targets_at, len(batch)).float().cpu()
+                adjacency[i:i + len(batch), :n_src] = backward(targets_at, len(batch)).to(store).cpu()
     finally:
         for p in params:
             p.requires_grad_(True)
-    return AttributionGraph(tokens=tokens.cpu(), active_features=feats.cpu(), activation_values=act_vals.float().cpu(),
-                            logit_tokens=logit_ids.cpu(), logit_probabilities=logit_p.float().cpu(),
+    return AttributionGraph(tokens=tokens.cpu(), active_features=feats.cpu(), activation_values=act_vals.to(store).cpu(),
+                            logit_tokens=logit_ids.cpu(), logit_probabilities=logit_p.to(store).cpu(),
                             adjacency=adjacency, values=values, n_layers=L, exclude_positions=exclude_positions,
                             meta={"bytes": need})
