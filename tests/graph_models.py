@@ -5,18 +5,17 @@ Gemma-2-style sandwich-norm one, a GPT-J-style parallel one and a post-norm one.
 import torch
 
 from glassbox import HookedTransformer
-from glassbox.interp.graphs import random_transcoders
+from glassbox.interp.transcoders import seeded_set
 from glassbox.models.presets import preset_config
 
 D_MODEL, N_LAYERS, N_HEADS, D_VOCAB, N_CTX = 30, 3, 3, 53, 37
 
 FAMILIES = {
-    "gpt2": ("gpt2", {}, "blocks.{layer}.ln2.hook_normalized"),
-    "llama": ("modern", {"d_mlp": 44}, "blocks.{layer}.ln2.hook_normalized"),
-    "gemma2": ("modern", {"d_mlp": 44, "norm_placement": "sandwich"}, "blocks.{layer}.ln2.hook_normalized"),
-    "gptj": ("gpt2", {"parallel_attn_mlp": True, "positional": "rotary", "rotary_dim": 4},
-             "blocks.{layer}.ln1.hook_normalized"),
-    "postnorm": ("classic", {}, "blocks.{layer}.hook_resid_mid"),
+    "gpt2": ("gpt2", {}, "ln2.hook_normalized"),
+    "llama": ("modern", {"d_mlp": 44}, "ln2.hook_normalized"),
+    "gemma2": ("modern", {"d_mlp": 44, "norm_placement": "sandwich"}, "ln2.hook_normalized"),
+    "gptj": ("gpt2", {"parallel_attn_mlp": True, "positional": "rotary", "rotary_dim": 4}, "ln1.hook_normalized"),
+    "postnorm": ("classic", {}, "hook_resid_mid"),
 }
 
 
@@ -34,6 +33,9 @@ def family_model(family: str, seed: int = 0, dtype=torch.float32, scale: float =
     return model.to(dtype), input_hook
 
 
-def family_transcoders(family: str, d_transcoder: int = 47, seed: int = 1, dtype=torch.float32, **kw):
+def family_transcoders(family: str, d_transcoder: int = 47, seed: int = 1, dtype=torch.float32, n_layers=N_LAYERS,
+                       **kw):
+    """A seeded TranscoderSet on the family's MLP input; bias -0.5: about a third of the features fire."""
     kw.setdefault("input_hook", FAMILIES[family][2])
-    return random_transcoders(D_MODEL, d_transcoder, N_LAYERS, seed=seed, dtype=dtype, **kw)
+    kw.setdefault("bias", -0.5)
+    return seeded_set(n_layers, D_MODEL, d_transcoder, seed=seed, dtype=dtype, **kw)

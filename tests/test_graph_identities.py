@@ -35,8 +35,8 @@ def prompt_tokens(kind: str, seed: int, d_vocab: int) -> torch.Tensor:
 def target_values(graph, ts, out) -> torch.Tensor:
     """[batch n_targets]: each feature target's pre-activation and each logit's demeaned value in a frozen run."""
     f = graph.active_features
-    W = torch.stack([ts.encoder(l)[0] for l in range(graph.n_layers)])  # [layer d_model d_tc]
-    b = torch.stack([ts.encoder(l)[1] for l in range(graph.n_layers)])
+    W = torch.stack([ts.W_enc(l).detach() for l in range(graph.n_layers)])  # [layer d_model d_tc]
+    b = torch.stack([ts.b_enc(l).detach() for l in range(graph.n_layers)])
     x = out["inputs"][:, f[:, 0], f[:, 1]]  # [batch n d_model]
     pre = torch.einsum("bnd,nd->bn", x, W[f[:, 0], :, f[:, 2]]) + b[f[:, 0], f[:, 2]]
     last = out["logits"][:, -1]

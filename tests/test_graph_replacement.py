@@ -43,10 +43,9 @@ def test_refusals_name_what_is_wrong():
     model, _ = family_model("gpt2")
     tokens = torch.arange(5)
     with pytest.raises(ValueError, match="cover 2 layers, the model has 3"):
-        ReplacementRun.capture(model, family_transcoders("gpt2").__class__(
-            *[getattr(family_transcoders("gpt2"), a)[:2] for a in ("_W_enc", "_b_enc", "_W_dec", "_b_dec")]), tokens)
-    bad = family_transcoders("gpt2", input_hook="blocks.{layer}.ln2.hook_normalised")
-    with pytest.raises(ValueError, match="hook_normalised"):
+        ReplacementRun.capture(model, family_transcoders("gpt2", n_layers=2), tokens)
+    bad = family_transcoders("gpt2", input_hook="ln2_post.hook_normalized")  # a sandwich model's hook
+    with pytest.raises(ValueError, match="ln2_post.hook_normalized"):
         ReplacementRun.capture(model, bad, tokens)
     model.cfg.__dict__["output_logits_soft_cap"] = 30.0  # a capped model: logits not affine
     with pytest.raises(ValueError, match="output_logits_soft_cap"):

@@ -5,7 +5,5 @@ influence (``prune.py``)."""
 from .attribute import attribute, estimate_bytes, select_logits
 from .graph import AttributionGraph
 from .replacement import ReplacementRun
-from .transcoders import StackedTranscoders, random_transcoders
 
-__all__ = ["AttributionGraph", "ReplacementRun", "StackedTranscoders", "attribute", "estimate_bytes",
-           "random_transcoders", "select_logits"]
+__all__ = ["AttributionGraph", "ReplacementRun", "attribute", "estimate_bytes", "select_logits"]

@@ -127,7 +127,8 @@ def attribute(model, transcoders, prompt: Union[str, Tensor, Sequence[int]], *, 
     V = {}
     for s, t in pairs:
         f = feats[starts[s]:starts[s + 1]]
-        rows = act_vals[starts[s]:starts[s + 1], None] * ts.decoder_weights(s)[f[:, 2], t - s if ts.cross_layer else 0]
+        rows = act_vals[starts[s]:starts[s + 1], None] * \
+            ts.decoder_weights(s).detach()[f[:, 2], t - s if ts.cross_layer else 0]
         pad = torch.zeros(P, kmax[s], d, dtype=dtype, device=rows.device)
         pad[f[:, 1], slots[s]] = rows
         V[s, t] = pad
@@ -136,7 +137,7 @@ def attribute(model, transcoders, prompt: Union[str, Tensor, Sequence[int]], *, 
 
     W_U = model.unembed.W_U.detach()
     logit_vecs = (W_U[:, logit_ids] - W_U.mean(1, keepdim=True)).T.to(dtype)  # [K d_model]
-    enc = [ts.encoder(l) for l in range(L)]
+    enc = [(ts.W_enc(l).detach(), ts.b_enc(l).detach()) for l in range(L)]
     pre_vals = torch.stack([run.inputs[l, p].to(dtype) @ enc[l][0][:, f] + enc[l][1][f] for l, p, f in feats.tolist()]) \
         if n_f else torch.zeros(0, dtype=dtype)
     logit_vals = run.logits[-1, logit_ids] - run.logits[-1].mean()

@@ -76,8 +76,7 @@ class ReplacementRun:
             logits = model(tokens[None])
         inputs = torch.stack([store[transcoders.feature_input_hook(l)][0] for l in range(L)])
         mlp_out = torch.stack([store[transcoders.feature_output_hook(l)][0] for l in range(L)])
-        tc_dtype = transcoders.encoder(0)[0].dtype
-        acts = torch.stack([transcoders.encode(l, inputs[l].to(tc_dtype)) for l in range(L)])
+        acts = torch.stack([transcoders.encode(l, inputs[l]).detach() for l in range(L)])
         recon = decode(transcoders, acts, inputs)
         errors = mlp_out.to(recon.dtype) - recon
         return cls(model, transcoders, tokens, inputs, mlp_out, acts, errors, store["hook_embed"][0],
@@ -122,17 +121,17 @@ class ReplacementRun:
                     if l == layer:
                         a[:, p, f] = v
             used[layer] = a
-            total = errors[:, layer] + ts.b_dec(layer)
+            total = errors[:, layer] + ts.b_dec(layer).detach()
             for s in range(layer + 1):
                 if ts.cross_layer or s == layer:
                     src = a if s == layer else used[s]
-                    total = total + src @ ts.decoder_weights(s)[:, layer - s if ts.cross_layer else 0]
+                    total = total + src @ ts.decoder_weights(s).detach()[:, layer - s if ts.cross_layer else 0]
             if leaves is not None:
                 total = total.detach().requires_grad_(True)
                 leaves.append(total)
             skip = ts.W_skip(layer)
             if skip is not None:
-                total = total + x @ skip
+                total = total + x @ skip.detach().T
             return total.to(value.dtype)
 
         def final_hook(value, hook):
@@ -163,13 +162,6 @@ def frozen_hook_names(model) -> list:
 
 def decode(transcoders, acts: Tensor, inputs: Tensor) -> Tensor:
     """Each layer's reconstruction + skip term from activations [layer pos d_transcoder] and inputs [layer pos d_model]."""
-    ts = transcoders
-    recon = ts.reconstruct({l: acts[l] for l in range(ts.n_layers)})
-    out = []
-    for l in range(ts.n_layers):
-        r = recon[l]
-        skip = ts.W_skip(l)
-        if skip is not None:
-            r = r + inputs[l].to(skip.dtype) @ skip
-        out.append(r)
-    return torch.stack(out)
+    L = transcoders.n_layers
+    out = transcoders.decode({l: acts[l] for l in range(L)}, {l: inputs[l] for l in range(L)})
+    return torch.stack([out[l].detach() for l in range(L)])
