@@ -1,0 +1,93 @@
+"""``train_transcoders``: train a per-layer or cross-layer TranscoderSet on a glassbox model over local text.
+
+With ``out=DIR`` the run keeps, as ``train_sae`` does (``glassbox.train.sae.api``): ``train_sae_settings.json``
+(the settings, dtype and the SHA-256 of the tokens and of the model's weights, so that ``resume=True``
+refuses other settings, data or model), ``checkpoint/`` and ``train_sae_log.jsonl``; at the end
+``transcoders/``, the set in circuit-tracer's layout (``glassbox.interp.transcoders.save_circuit_tracer``;
+``load_circuit_tracer`` reads it, and circuit-tracer does for ReLU sets). ``DIR`` must be new or empty
+unless ``resume=True``.
+"""
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+import torch
+
+from ...fs import append_text
+from ..checkpoint import recover_checkpoint
+from ..rundir import trim_log, write_atomic
+from ..sae.api import CHECKPOINT, LOG, SETTINGS, check_resume, digest, resolve_bos, token_stream
+from ..sae.trainer import default_ignore_ids
+from .config import TranscoderTrainConfig
+from .trainer import TranscoderTrainer
+
+SET_FOLDER = "transcoders"
+
+
+def train_transcoders(model, text_or_tokens: Union[str, torch.Tensor], input_hook: str, d_transcoder: int,
+                      cross_layer: bool = False, architecture: str = "topk", k: Optional[int] = None,
+                      steps: int = 1000, batch_tokens: int = 4096, lr: float = 3e-4, seed: int = 0, out=None,
+                      resume: bool = False, device=None, dtype: torch.dtype = torch.float32, progress: bool = True,
+                      context_size: Optional[int] = None, bos_id: Optional[int] = None,
+                      log: Optional[Callable] = None, **options):
+    """Train a TranscoderSet (``TranscoderTrainConfig``'s fields; ``options`` the rest of them).
+
+    Returns the trained set with unit decoder norms (``TranscoderTrainer.final_set``)."""
+    fields = {f.name for f in dataclasses.fields(TranscoderTrainConfig)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise TypeError(f"train_transcoders got unknown options {', '.join(unknown)}; known: {', '.join(sorted(fields))}")
+    if not isinstance(resume, bool):
+        raise TypeError(f"resume must be True or False, got {resume!r}")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    tokens = token_stream(model, text_or_tokens)
+    bos = resolve_bos(model, bos_id)
+    config = TranscoderTrainConfig(input_hook=input_hook, d_transcoder=d_transcoder, cross_layer=cross_layer,
+                                   architecture=architecture, k=k, steps=steps, batch_tokens=batch_tokens, lr=lr,
+                                   seed=seed, context_size=model.cfg.n_ctx if context_size is None else context_size,
+                                   **options)
+    ignore = default_ignore_ids(model, bos)
+    metadata = {"model_name": model.cfg.model_name, "context_size": config.context_size, "prepend_bos": True}
+    kwargs = dict(bos_id=bos, ignore_ids=ignore, device=device, progress=progress)
+    if out is None:
+        if resume:
+            raise ValueError("resume=True continues the run in out=DIR; no out was given")
+        trainer = TranscoderTrainer(model, tokens, config, dtype=dtype, metadata=metadata, log=log, **kwargs)
+        trainer.run()
+        return trainer.final_set()
+    from ...interp.transcoders.circuit_tracer import save_circuit_tracer
+
+    out = Path(out)
+    settings = {"train_config": dataclasses.asdict(config), "dtype": str(dtype).replace("torch.", ""),
+                "tokens_sha256": digest([tokens]), "n_tokens": int(tokens.numel()),
+                "model_sha256": digest(p for _, p in sorted(model.state_dict().items())), "kind": "transcoders"}
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out={str(out)!r} is a file; name a new or empty folder")
+    if resume:
+        check_resume(out, settings)
+    elif out.is_dir() and any(out.iterdir()):
+        raise ValueError(f"out={str(out)!r} is not empty; pass resume=True to continue the run there, or "
+                         "name a new or empty folder")
+
+    def write_log(record: dict) -> None:
+        append_text(out / LOG, json.dumps(record) + "\n")
+        if log is not None:
+            log(record)
+
+    checkpoint = out / CHECKPOINT
+    if resume and recover_checkpoint(checkpoint):
+        trainer = TranscoderTrainer.resume(checkpoint, model, tokens, log=write_log, metadata=metadata, **kwargs)
+    else:
+        trainer = TranscoderTrainer(model, tokens, config, dtype=dtype, metadata=metadata, checkpoint_dir=checkpoint,
+                                    log=write_log, **kwargs)
+    if not resume:
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / SETTINGS, json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    trim_log(out / LOG, trainer.step)
+    trainer.run()
+    ts = trainer.final_set()
+    save_circuit_tracer(ts, out / SET_FOLDER, overwrite=True)
+    return ts
