@@ -5,27 +5,13 @@ prepended): every case of ``conftest.CASES`` (per-layer ReLU and JumpReLU+skip, 
 induction prompts). The node set and order, logit tokens, adjacency, activations and pruning masks
 must agree.
 
-glassbox's ``attribute`` reads the transcoder interface of ``graphs.transcoders`` (``encoder(layer)``,
-``activation(layer, pre)``); ``stacked`` builds that from a ``TranscoderSet``'s public accessors.
+glassbox's ``attribute`` takes the ``TranscoderSet`` that ``load_circuit_tracer`` reads, as it is.
 """
 
 import pytest
 import torch
 
 from conftest import CASES, PRUNE
-
-
-def stacked(ts):
-    from glassbox.interp.graphs import StackedTranscoders
-
-    layers = range(ts.n_layers)
-    template = lambda hook: hook.replace("blocks.0.", "blocks.{layer}.", 1)
-    return StackedTranscoders(
-        [ts.W_enc(l) for l in layers], [ts.b_enc(l) for l in layers], [ts.decoder_weights(l) for l in layers],
-        [ts.b_dec(l) for l in layers], activation=ts.activation,
-        threshold=[ts.threshold(l) for l in layers] if ts.activation == "jumprelu" else None,
-        W_skip=[ts.W_skip(l).T for l in layers] if ts.skip else None,  # TranscoderSet: x @ W_skip.T
-        input_hook=template(ts.feature_input_hook(0)), output_hook=template(ts.feature_output_hook(0)))
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -40,7 +26,7 @@ def test_glassbox_graph_equals_circuit_tracer(graphs, name):
     ref = graphs["results"]["transformer_lens", name]
     model = glassbox.HookedTransformer.from_pretrained(str(graphs["model_dir"]), dtype=dtype)
     ts = load_circuit_tracer(graphs["root"] / f"tc_{kind}", dtype=dtype)
-    graph = attribute(model, stacked(ts), ref["input_tokens"], max_n_logits=10, desired_logit_prob=0.95)
+    graph = attribute(model, ts, ref["input_tokens"], max_n_logits=10, desired_logit_prob=0.95)
     assert torch.equal(graph.tokens.cpu(), ref["input_tokens"])
     assert torch.equal(graph.active_features.cpu(), ref["active_features"]), name
     assert torch.equal(graph.logit_tokens.cpu(), ref["logit_token_ids"]), name
