@@ -13,7 +13,8 @@ what the graph's logit nodes measure):
   (or leaves a TopK set); ``crossed`` counts those that did;
 - ``live``: the model itself with the transcoders spliced in (error nodes held), attention and norms live.
 
-The set features must be nodes of the graph (active, outside the excluded positions).
+The set features must be nodes of the graph (active, outside the excluded positions). Every change is
+returned in float64 [n_logits] (on a float32 model its rounding is float32's).
 """
 
 import torch
@@ -72,7 +73,7 @@ def intervene(graph, run: ReplacementRun, features: dict) -> dict:
     after = frozen["acts"][0] != 0
     excl = run.exclude_positions
     crossed = int((before[:, excl:] != after[:, excl:]).sum()) - sum(1 for v in features.values() if v == 0)
-    return {"logit_tokens": graph.logit_tokens, "direct": direct.float(), "total": total.float(),
-            "frozen_direct": (_demeaned(frozen_direct["logits"], tokens)[0].double() - clean).float().cpu(),
-            "frozen": (_demeaned(frozen["logits"], tokens)[0].double() - clean).float().cpu(),
-            "live": (_demeaned(live["logits"], tokens)[0].double() - clean).float().cpu(), "crossed": crossed}
+    return {"logit_tokens": graph.logit_tokens, "direct": direct, "total": total,
+            "frozen_direct": (_demeaned(frozen_direct["logits"], tokens)[0].double() - clean).cpu(),
+            "frozen": (_demeaned(frozen["logits"], tokens)[0].double() - clean).cpu(),
+            "live": (_demeaned(live["logits"], tokens)[0].double() - clean).cpu(), "crossed": crossed}
