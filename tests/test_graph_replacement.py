@@ -50,3 +50,26 @@ def test_refusals_name_what_is_wrong():
     model.cfg.__dict__["output_logits_soft_cap"] = 30.0  # a capped model: logits not affine
     with pytest.raises(ValueError, match="output_logits_soft_cap"):
         ReplacementRun.capture(model, family_transcoders("gpt2"), tokens)
+
+
+def test_attribute_refuses_bad_arguments_by_name():
+    from glassbox.interp.graphs import attribute
+
+    model, _ = family_model("gpt2")
+    ts = family_transcoders("gpt2")
+    tokens = torch.arange(1, 8)
+    for kwargs, match in ((dict(batch_size=0), "batch_size"), (dict(batch_size=True), "batch_size"),
+                          (dict(max_n_logits=0), "max_n_logits"), (dict(desired_logit_prob=0.0), "desired_logit_prob"),
+                          (dict(desired_logit_prob=1.5), "desired_logit_prob"),
+                          (dict(exclude_positions=7), "exclude_positions"), (dict(exclude_positions=-1), "exclude_positions"),
+                          (dict(logit_tokens=[53]), "logit_tokens"), (dict(logit_tokens=[]), "logit_tokens")):
+        with pytest.raises((ValueError, TypeError), match=match):
+            attribute(model, ts, tokens, **kwargs)
+    for prompt in (torch.zeros(2, 3, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.ones(3)):
+        with pytest.raises(ValueError, match="prompt"):
+            attribute(model, ts, prompt)
+    with pytest.raises(MemoryError, match="max_bytes=1000"):
+        attribute(model, ts, tokens, max_bytes=1000)
+    params = [p.requires_grad for p in model.parameters()]
+    graph = attribute(model, ts, tokens, logit_tokens=[3, 5])
+    assert graph.logit_tokens.tolist() == [3, 5] and [p.requires_grad for p in model.parameters()] == params
