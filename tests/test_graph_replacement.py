@@ -7,10 +7,10 @@ import torch
 from glassbox.interp.graphs import ReplacementRun
 from tests.graph_models import FAMILIES, family_model, family_transcoders
 
-# measured max |frozen - captured| logits over the families and kinds below: float32 3.8e-6 (logits up to 11.5),
-# float64 5.3e-15. Live attention with the features recomputed, against the unhooked model: float32 2.3e-4
-# (gpt2: the fused attention kernel's rounding, amplified by the scaled-up weights), float64 4.1e-13.
-BOUNDS = {torch.float32: (3e-5, 2e-3), torch.float64: (1e-12, 1e-11)}
+# measured (benchmarks/graph_bounds.py: all five families x four kinds) max |frozen - captured| logits: float32
+# 2.9e-6 (logits up to 11.5), float64 5.3e-15; live attention with the features recomputed, against the unhooked
+# model: float32 5.1e-5 (the fused attention kernel's rounding, amplified by the scaled-up weights), float64 4.7e-14.
+BOUNDS = {torch.float32: (3e-5, 5e-4), torch.float64: (1e-13, 5e-13)}
 
 
 KINDS = [dict(), dict(cross_layer=True), dict(skip=True, activation="jumprelu"), dict(activation="topk", k=5)]
@@ -36,7 +36,7 @@ def test_replacement_reproduces_logits(family, kind):
         assert run.logits.abs().max() > 1.0  # not a vacuous comparison
         # without the error nodes the replacement is a different model: the errors carry real weight
         no_err = run.frozen_forward(errors=torch.zeros_like(run.errors)[None])["logits"][0]
-        assert (no_err - run.logits).abs().max() > 1.0  # measured at least 6.5
+        assert (no_err - run.logits).abs().max() > 1.0  # measured at least 5.3 over these cases
 
 
 def test_refusals_name_what_is_wrong():
