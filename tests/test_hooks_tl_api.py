@@ -2,6 +2,7 @@
 signature, clear_contexts, HookPoint.layer(), list_hooks, mod_dict; glassbox's guarantees kept."""
 
 import threading
+import warnings
 
 import pytest
 import torch
@@ -150,10 +151,45 @@ def test_kept_hooks_stay_only_after_a_body_that_succeeds(model, tiny_tokens):
             pass
 
 
-def test_backward_hooks_removed_before_backward_are_warned_about(model, tiny_tokens):
-    with pytest.warns(UserWarning, match="backward hooks cannot fire"):
-        model.run_with_hooks(tiny_tokens, bwd_hooks=[("hook_embed", lambda g, hook: None)])
+def test_backward_hooks_fire_for_their_forward_after_removal(model, tiny_tokens):
+    """A backward hook belongs to the forward it was attached for (torch's module hooks, hence
+    TransformerLens): it fires in a backward made after run_with_hooks (or a hooks() block) removed it,
+    in every backward through a retained graph, and one attached after the forward does not fire.
+    The gradient it sees is autograd's own (a tensor hook on the same activation), bit for bit."""
+    name = "blocks.0.hook_resid_mid"
+    seen, late, own = [], [], {}
+
+    def keep(x, hook):
+        x.register_hook(lambda g: own.__setitem__("g", g.clone()))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning: the hooks can fire
+        logits = model.run_with_hooks(tiny_tokens, fwd_hooks=[(name, keep)],
+                                      bwd_hooks=[(name, lambda g, hook: seen.append(g.clone()))])
     assert not model.has_hooks
+    model.add_hook(name, lambda g, hook: late.append(g), dir="bwd")
+    logits[0, -1].sum().backward(retain_graph=True)
+    logits[0, -1].sum().backward()
+    model.reset_hooks()
+    model.zero_grad(set_to_none=True)
+    assert len(seen) == 2 and late == []
+    torch.testing.assert_close(seen[0], own["g"], rtol=0, atol=0)
+    torch.testing.assert_close(seen[1], own["g"], rtol=0, atol=0)
+    assert own["g"].abs().max() > 0
+
+    # A replacement returned after the block exited still applies: every path from the embedding to
+    # the logits passes blocks.0.hook_resid_mid, so a zeroed gradient there leaves the embedding's zero.
+    embed = {}
+
+    def watch(x, hook):
+        x.register_hook(lambda g: embed.__setitem__("g", g))
+
+    with model.hooks(fwd_hooks=[("hook_embed", watch)],
+                     bwd_hooks=[(name, lambda g, hook: torch.zeros_like(g))]):
+        out = model(tiny_tokens)
+    out[0, -1].sum().backward()
+    model.zero_grad(set_to_none=True)  # the model is shared by the session
+    assert embed["g"].shape == (*tiny_tokens.shape, model.cfg.d_model) and torch.count_nonzero(embed["g"]) == 0
 
 
 def test_hook_point_layer():

@@ -53,3 +53,23 @@ def test_generate_has_transformer_lens_return_types(model, base):
     tokens = model.generate(prompt, max_new_tokens=6, do_sample=False, verbose=False, return_type="tokens")
     assert torch.equal(tokens, expected)
     assert text == prompt + model.tokenizer.decode(expected[0, len(model.to_tokens(prompt)[0]):])
+
+
+def test_tokenizer_name_of_a_folder_reloads_its_tokenizer(tmp_path):
+    """cfg.tokenizer_name is where AutoTokenizer finds the model's tokenizer, as in TransformerLens
+    (circuit-tracer's frontend export reloads it by that name): a folder holding tokenizer files;
+    None where the tokenizer was passed in, or the folder holds none."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    shipped = glassbox.weights.pretrained.SHIPPED_DIR / "glassbox-austen"
+    folder = tmp_path / "with_tokenizer"
+    shutil.copytree(shipped, folder)
+    model = tl.HookedTransformer.from_pretrained_no_processing(str(folder))
+    assert model.cfg.tokenizer_name == str(folder)
+    text = "Elizabeth read the letter, and Jane"
+    assert AutoTokenizer.from_pretrained(model.cfg.tokenizer_name).encode(text) == model.tokenizer.encode(text)
+    given = tl.HookedTransformer.from_pretrained_no_processing(str(folder), tokenizer=model.tokenizer)
+    assert given.cfg.tokenizer_name is None
+    assert tl.HookedTransformer.from_pretrained_no_processing("glassbox-austen").cfg.tokenizer_name is None

@@ -6,7 +6,7 @@ import sys
 
 from .errors import Parser, UsageError
 
-COMMANDS = ("demo", "parity", "attention", "train", "circuit", "train_sae", "export", "scale_jobs")
+COMMANDS = ("demo", "parity", "attention", "train", "circuit", "graph", "train_sae", "export", "scale_jobs")
 
 
 def build_parser() -> Parser:

@@ -5,7 +5,12 @@ Contract:
   as it is (read-only use); returning a tensor replaces it, and it must keep the shape, dtype and
   device (an error names the hook, what it returned and what was expected).
 - A backward hook has the same signature and receives the gradient of the loss with respect to this
-  hook point's output (after any forward hooks ran). It may return a replacement gradient.
+  hook point's output (after any forward hooks ran). It may return a replacement gradient. It belongs
+  to the forwards that ran while it was attached, as torch's module backward hooks (and so
+  TransformerLens's) do: the backward hooks attached when the forward passes a hook point are the
+  ones that fire for that forward's gradients, in every backward through it (``retain_graph``), also
+  after they were removed (a ``hooks()`` block that has exited); one attached after the forward does
+  not fire for it.
 - With no hook attached, ``forward`` returns its input untouched: an unhooked model pays one
   attribute check per hook point and nothing else.
 - Each ``add_hook`` is one registration: ``fwd_hooks`` and ``bwd_hooks`` hold ``Registration``
@@ -22,6 +27,7 @@ remove exactly what they added, even when something raises.
 """
 
 import re
+from functools import partial
 from typing import Callable, Optional
 
 import torch.utils.hooks as torch_hooks
@@ -168,11 +174,11 @@ class HookPoint(nn.Module):
                 self._check_replacement(x, out, "forward hook")
                 x = out
         if self.bwd_hooks and x.requires_grad:
-            x.register_hook(self._run_bwd_hooks)
+            x.register_hook(partial(self._run_bwd_hooks, tuple(self.bwd_hooks)))
         return x
 
-    def _run_bwd_hooks(self, grad: Tensor) -> Tensor:
-        for registration in list(self.bwd_hooks):
+    def _run_bwd_hooks(self, registrations: tuple, grad: Tensor) -> Tensor:
+        for registration in registrations:
             out = registration.fn(grad, hook=self)
             if isinstance(out, tuple) and len(out) == 1:  # (grad,): torch's module-hook form, as TransformerLens
                 out = out[0]

@@ -262,16 +262,12 @@ class HookedRootModule(nn.Module):
                        reset_hooks_end: bool = True, clear_contexts: bool = False, **kwargs):
         """Run ``forward(*args, **kwargs)`` with hooks attached (TransformerLens's signature).
 
-        Backward hooks need the backward pass to happen while they are attached: pass
-        ``reset_hooks_end=False`` and call ``.backward()`` yourself, or use ``with model.hooks(...)``
-        (a warning says so, as in TransformerLens). With ``reset_hooks_end=False`` the hooks stay
-        attached after a run that succeeds (remove them with ``reset_hooks``); a run that raises
-        removes them.
+        Backward hooks belong to the forward they were attached for (see ``HookPoint``): they fire in a
+        backward of this run's output made after it returns, though the hooks are removed by then
+        (TransformerLens warns that they cannot; with torch's module hooks underneath, they do). With
+        ``reset_hooks_end=False`` the hooks stay attached after a run that succeeds (remove them with
+        ``reset_hooks``); a run that raises removes them.
         """
-        if bwd_hooks and reset_hooks_end:
-            warnings.warn("run_with_hooks removes its hooks when the forward returns, before any backward "
-                          "pass: these backward hooks cannot fire (pass reset_hooks_end=False, or use "
-                          "`with model.hooks(...)` around the backward)", UserWarning, stacklevel=2)
         with self.hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts):
             return self(*args, **kwargs)
 

@@ -75,6 +75,8 @@ class Attention(nn.Module):
             self.b_Q = self.b_K = self.b_V = None
         self.b_O = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.attn_out_bias else None
         self.scale = cfg.layer_attn_scale(layer)
+        self.attn_type = cfg.attn_types[layer] if cfg.attn_types is not None else "global"  # TransformerLens's name
+        self._mask: Optional[Tensor] = None
         self.groups = cfg.n_kv_groups
         self.soft_cap = cfg.attn_scores_soft_cap
         if cfg.qk_norm is not None:
@@ -87,6 +89,23 @@ class Attention(nn.Module):
         self.hook_pattern = HookPoint()  # after softmax
         self.hook_z = HookPoint()  # pattern-weighted values, before W_O
         self.hook_result = HookPoint()  # each head's z @ W_O[h]; fires only with flags.use_attn_result
+
+    @property
+    def mask(self) -> Tensor:
+        """TransformerLens 3.9's ``mask`` buffer: an empty [0 0] bool placeholder (both build the causal
+        mask a forward needs at forward time). The forward never reads it: assigning a bool tensor (as
+        code that shares TransformerLens 3.2's [n_ctx n_ctx] buffers between layers does) changes what
+        reading gives, nothing else."""
+        if self._mask is None:
+            self._mask = torch.empty(0, 0, dtype=torch.bool, device=self.W_Q.device)
+        return self._mask
+
+    @mask.setter
+    def mask(self, value: Tensor) -> None:
+        if not isinstance(value, Tensor) or value.dtype != torch.bool or value.ndim != 2:
+            raise ValueError("attn.mask must be a 2-D bool tensor (TransformerLens's mask buffer), got "
+                             + (f"{tuple(value.shape)} {value.dtype}" if isinstance(value, Tensor) else type(value).__name__))
+        self._mask = value
 
     def project(self, x: Tensor, W: Tensor, b: Optional[Tensor]) -> Tensor:
         """x [batch pos d_model] (or one input per head, [batch pos head d_model]) through one per-head

@@ -64,6 +64,28 @@ def _tokenizer_named(name: str):
     return AutoTokenizer.from_pretrained(name)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+
+
+def _tokenizer_name(official: str, tokenizer, base, hf_model) -> Optional[str]:
+    """``cfg.tokenizer_name``: where ``AutoTokenizer.from_pretrained`` finds the model's tokenizer, as in
+    TransformerLens (code such as circuit-tracer's frontend export reloads it from there): GPT-2's
+    names; a folder holding tokenizer files, or a hub repo id, that the tokenizer was loaded from.
+    None for a tokenizer passed in, an ``hf_model``, or a shipped model's."""
+    from pathlib import Path
+
+    from ..weights.pretrained import is_hub_repo_id
+
+    if official in GPT2_TOKENIZER_NAMES:
+        return official
+    if tokenizer is not None or hf_model is not None or base._tokenizer is None:
+        return None
+    folder = Path(str(official)).expanduser()
+    if folder.is_dir():
+        return str(official) if any((folder / name).is_file() for name in TOKENIZER_FILES) else None
+    return str(official) if is_hub_repo_id(str(official)) else None
+
+
 def as_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, str):
         if dtype not in DTYPES:
@@ -162,7 +184,7 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
                                  refactor_factored_attn_matrices=refactor_factored_attn_matrices,
                                  default_prepend_bos=default_prepend_bos, default_padding_side=default_padding_side,
                                  move_to_device=move_to_device, model_name=str(official),
-                                 tokenizer_name=official if official in GPT2_TOKENIZER_NAMES else None)
+                                 tokenizer_name=_tokenizer_name(official, tokenizer, base, hf_model))
 
     @classmethod
     def from_glassbox(cls, model: _GlassboxTransformer, fold_ln: bool = True, center_writing_weights: bool = True,
@@ -373,6 +395,13 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
         from ..models.generate import generate_tl_style
 
         return generate_tl_style(self, *args, **kwargs)
+
+    def get_caching_hooks(self, names_filter=None, incl_bwd: bool = False, device=None,
+                          remove_batch_dim: bool = False, cache: Optional[dict] = None, pos_slice=None) -> tuple:
+        """TransformerLens's (cache, fwd_hooks, bwd_hooks); see ``glassbox.tl._caching_hooks``."""
+        from ._caching_hooks import get_caching_hooks
+
+        return get_caching_hooks(self, names_filter, incl_bwd, device, remove_batch_dim, cache, pos_slice)
 
     def run_with_cache(self, *model_args, names_filter=None, device=None, remove_batch_dim: bool = False,
                        incl_bwd: bool = False, reset_hooks_end: bool = True, clear_contexts: bool = False,

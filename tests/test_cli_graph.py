@@ -1,0 +1,67 @@
+"""``glassbox graph`` on the shipped model with a seeded transcoder set in circuit-tracer's layout."""
+
+import json
+import re
+
+import pytest
+
+from glassbox.cli import main
+from glassbox.interp.graphs.export import load_graph
+from glassbox.interp.transcoders import save_circuit_tracer, seeded_set
+
+PROMPT = "Elizabeth read the letter. Then Elizabeth read the"
+
+
+@pytest.fixture(scope="module")
+def transcoders(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tc") / "set"
+    save_circuit_tracer(seeded_set(2, 192, 96, seed=3, input_hook="ln2.hook_normalized", bias=-1.0), folder)
+    return folder
+
+
+def test_graph_command_writes_files_page_and_paths(transcoders, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.md").write_text("mine")
+    assert main(["graph", "--transcoders", str(transcoders), "--prompt", PROMPT, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "top logit ' letter'" in text and "top paths into it" in text
+    assert len(re.findall(r"^  \d\.\d{4}  .* -> logit ' letter'$", text, flags=re.M)) == 5
+    graph = load_graph(out)
+    assert graph.n_layers == 2 and graph.n_features > 50
+    data = json.loads((out / "graph.json").read_text())
+    assert {n["feature_type"] for n in data["nodes"]} >= {"embedding", "logit"}
+    page = (out / "graph.html").read_text()
+    # offline: no element loads anything (the only URL is the SVG namespace name, which is not fetched)
+    assert not re.search(r"\b(src|href)\s*=", page) and "fetch(" not in page and "XMLHttpRequest" not in page
+    assert set(re.findall(r"https?://[^\s'\"]+", page)) == {"http://www.w3.org/2000/svg"}
+    embedded = re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S).group(1)
+    assert json.loads(embedded.replace("<\\/", "</"))["nodes"] == data["nodes"]
+    assert (out / "notes.md").read_text() == "mine"
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--transcoders", "/nonexistent/tc"], "is not a folder"),
+    (["--node-threshold", "1.5"], "not in \\[0, 1\\]"),
+    (["--prompt", ""], None),
+])
+def test_mistakes_are_one_line_and_status_2(transcoders, tmp_path, capsys, extra, match):
+    args = ["graph", "--transcoders", str(transcoders), "--prompt", PROMPT, "--out", str(tmp_path / "o"), *extra]
+    if "1.5" in extra:  # argparse's own type check
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        assert e.value.code == 2
+    else:
+        assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("glassbox graph: error:") and err.count("\n") == 1
+    if match:
+        assert re.search(match, err)
+
+
+def test_a_set_of_another_width_is_refused(tmp_path, capsys):
+    folder = tmp_path / "wide"
+    save_circuit_tracer(seeded_set(2, 64, 32, seed=1, input_hook="ln2.hook_normalized"), folder)
+    assert main(["graph", "--transcoders", str(folder), "--prompt", PROMPT, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit" in err and "d_model" in err
