@@ -1,9 +1,9 @@
 """Trace the induction circuit of glassbox-austen at feature level with an attribution graph.
 
-    PYTHONPATH=. python examples/induction_graph.py [--transcoders DIR] [--steps 300]
+    PYTHONPATH=. python examples/induction_graph.py [--transcoders NAME_OR_DIR]
 
-Without ``--transcoders`` a small per-layer TopK set (512 features, k 16, on ``ln2.hook_normalized``) is
-trained first on the shipped text (``glassbox.train.transcoders``; a few minutes on one CPU). The prompt
+``--transcoders`` is a shipped set (default ``glassbox-austen-plt``, per-layer; ``glassbox-austen-clt``,
+cross-layer) or a folder (circuit-tracer's layout or SAELens transcoder folders). The prompt
 repeats " letter": "Elizabeth read the letter. Then Elizabeth read the" predicts " letter" by induction.
 Prints the graph's size, the top paths into the top logit, and where the logit's direct input from the
 token embeddings comes from: with frozen attention the embedding of the earlier " letter" reaches the
@@ -11,8 +11,6 @@ last position through the induction head, so it should lead the token nodes.
 """
 
 import argparse
-import tempfile
-from pathlib import Path
 
 import torch
 
@@ -20,29 +18,19 @@ from glassbox import HookedTransformer
 from glassbox.interp.graphs import attribute
 from glassbox.interp.graphs.paths import node_label, top_paths
 from glassbox.interp.graphs.prune import graph_scores, prune_graph
-from glassbox.interp.transcoders import load_circuit_tracer
+from glassbox.interp.transcoders import load_transcoders
 
 PROMPT = "Elizabeth read the letter. Then Elizabeth read the"
-TEXT = Path(__file__).resolve().parent.parent / "data" / "austen.txt"
-
-
-def train_set(model, steps: int):
-    from glassbox.train.transcoders import train_transcoders
-
-    text = TEXT.read_text(encoding="utf-8")[:400_000]
-    out = Path(tempfile.mkdtemp(prefix="induction-graph-")) / "run"
-    return train_transcoders(model, text, "ln2.hook_normalized", 512, architecture="topk", k=16, steps=steps,
-                             batch_tokens=1024, out=out, progress=False)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--transcoders", default=None, help="a transcoder folder in circuit-tracer's layout")
-    p.add_argument("--steps", type=int, default=300, help="training steps when no --transcoders is given")
+    p.add_argument("--transcoders", default="glassbox-austen-plt",
+                   help="a shipped set or a transcoder folder (default glassbox-austen-plt)")
     args = p.parse_args()
     torch.set_num_threads(1)
     model = HookedTransformer.from_pretrained("glassbox-austen")
-    ts = load_circuit_tracer(args.transcoders) if args.transcoders else train_set(model, args.steps)
+    ts = load_transcoders(args.transcoders, model=model)
     graph = attribute(model, ts, PROMPT)
     tokens = [model.tokenizer.decode([t]) for t in graph.tokens.tolist()]
     logits = [model.tokenizer.decode([t]) for t in graph.logit_tokens.tolist()]

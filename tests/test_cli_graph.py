@@ -4,6 +4,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from glassbox.cli import main
 from glassbox.interp.graphs.export import load_graph
@@ -41,7 +42,8 @@ def test_graph_command_writes_files_page_and_paths(transcoders, tmp_path, capsys
 
 
 @pytest.mark.parametrize("extra,match", [
-    (["--transcoders", "/nonexistent/tc"], "is not a folder"),
+    (["--transcoders", "/nonexistent/tc"], "no such folder"),
+    (["--transcoders", "glassbox-austen-plx"], "nor a set shipped.*glassbox-austen-plt"),
     (["--node-threshold", "1.5"], "not in \\[0, 1\\]"),
     (["--prompt", ""], None),
 ])
@@ -65,3 +67,20 @@ def test_a_set_of_another_width_is_refused(tmp_path, capsys):
     assert main(["graph", "--transcoders", str(folder), "--prompt", PROMPT, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "does not fit" in err and "d_model" in err
+
+
+def test_a_shipped_set_by_name(tmp_path, capsys):
+    """``--transcoders`` takes a shipped set's name; the graph it writes is the one of the loaded set."""
+    from glassbox.interp.graphs import attribute
+    from glassbox.interp.graphs.export import load_graph
+    from glassbox.interp.transcoders import load_transcoders
+    from glassbox.models import HookedTransformer
+
+    out = tmp_path / "g"
+    assert main(["graph", "--transcoders", "glassbox-austen-plt", "--prompt", PROMPT, "--out", str(out)]) == 0
+    model = HookedTransformer.from_pretrained("glassbox-austen")
+    tokens = model.to_tokens(PROMPT)[0]
+    expected = attribute(model, load_transcoders("glassbox-austen-plt"), tokens, max_n_logits=10,
+                         desired_logit_prob=0.95, batch_size=64)
+    written = load_graph(out)
+    assert torch.equal(written.adjacency, expected.adjacency)

@@ -1,10 +1,10 @@
 """``glassbox graph``: the attribution graph of one prompt over a transcoder set, its files and its page.
 
-    glassbox graph --model glassbox-austen --transcoders DIR --prompt "..." [--out DIR] [--node-threshold 0.8]
+    glassbox graph --model glassbox-austen --transcoders NAME_OR_DIR --prompt "..." [--out DIR] [--node-threshold 0.8]
         [--edge-threshold 0.98] [--max-logits 10] [--logit-prob 0.95] [--batch-size 64] [--device cuda]
 
-``--transcoders`` is a folder in circuit-tracer's layout (``config.yaml``) or a folder of SAELens transcoder
-folders (one per layer). Writes into ``--out`` (default glassbox-graph; a user's other files there are kept):
+``--transcoders`` is a shipped set's name (``glassbox-austen-plt``, ``glassbox-austen-clt``), a folder in
+circuit-tracer's layout (``config.yaml``) or a folder of SAELens transcoder folders (one per layer). Writes into ``--out`` (default glassbox-graph; a user's other files there are kept):
 ``attribution_graph.safetensors`` + ``attribution_graph.json`` (the whole graph, ``load_graph`` reads it),
 ``graph.json`` + ``graph-metadata.json`` (circuit-tracer's viewer format, pruned) and ``graph.html`` (the
 offline page), and prints the graph's size, the kept share of influence and the top paths to the top logit.
@@ -37,7 +37,8 @@ def add_parser(sub) -> None:
                        "it by influence, write its files and an offline page, and print the top paths.")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"hub name, folder or shipped model (default {DEFAULT_MODEL})")
     p.add_argument("--transcoders", required=True,
-                   help="a transcoder folder: circuit-tracer's layout (config.yaml) or SAELens transcoder folders")
+                   help="a shipped set (glassbox-austen-plt, glassbox-austen-clt) or a transcoder folder: "
+                   "circuit-tracer's layout (config.yaml) or SAELens transcoder folders")
     p.add_argument("--prompt", type=text_arg, required=True, help="the prompt; the graph explains its next token")
     p.add_argument("--out", default="glassbox-graph", help="output folder (default glassbox-graph)")
     p.add_argument("--node-threshold", type=share, default=0.8, help="share of node influence kept (default 0.8)")
@@ -51,17 +52,10 @@ def add_parser(sub) -> None:
 
 
 def load_transcoders(name: str, device):
-    from pathlib import Path
+    from ..interp.transcoders import load_transcoders as load
 
-    from ..interp.transcoders import load_circuit_tracer, load_saelens_set
-
-    folder = Path(name)
-    if not folder.is_dir():
-        raise UsageError(f"--transcoders {name!r} is not a folder; give a transcoder folder (circuit-tracer's "
-                         "layout with config.yaml, or SAELens transcoder folders)")
-    loader = load_circuit_tracer if (folder / "config.yaml").is_file() else load_saelens_set
     try:
-        return loader(folder, device=device)
+        return load(name, device=device)
     except (ValueError, FileNotFoundError, KeyError) as e:
         raise UsageError(f"--transcoders {name!r}: {str(e).splitlines()[0]}") from e
 
