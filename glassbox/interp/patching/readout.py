@@ -83,7 +83,7 @@ class Readout:
                 rows = block[v * P: (v + 1) * P]
                 logits = LazyLogits.make(buffer, lambda positions, rows=rows: self.logits_at(rows, first, positions),
                                          reads)
-                values.append(self.metric.value_of(self.metric.fn(logits), final.device))
+                values.append(self.metric.value_of(self.metric.fn(logits), known.device))
                 self.reads = set(self.reads or ()) | logits.filled
             self.store_variants(VariantMetric.stack(values), ids[lo:hi])
             lo = hi
