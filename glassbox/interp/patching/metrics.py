@@ -217,8 +217,9 @@ class VariantMetric:
     prompts with each other, means what it means in the loop. ``fn`` may return a 0-d (or one-element)
     tensor or a Python number; the sweep's result holds those values, one per variant.
 
-    Costs: the logits are full [prompt pos d_vocab] (no one-position shortcut) and ``fn`` runs once
-    per variant in Python; a ``PositionMetric`` is faster where it can say what it reads.
+    In a sweep ``fn`` is given ``LazyLogits`` (``lazy_logits.py``): full [prompt pos d_vocab] logits
+    whose positions are unembedded only where ``fn`` looks, so ``logits[:, -1]`` costs one position.
+    ``fn`` runs once per variant in Python; a ``PositionMetric`` skips that.
     """
 
     def __init__(self, fn: Callable, name: Optional[str] = None):
@@ -232,33 +233,43 @@ class VariantMetric:
         if logits.ndim != 3 or logits.shape[0] % n_prompts:
             raise ValueError(f"{self.name}: logits of shape {tuple(logits.shape)} are not whole variants of "
                              f"{n_prompts} prompts [batch pos d_vocab]")
-        out = []
-        for v in range(logits.shape[0] // n_prompts):
-            value = self.fn(logits[v * n_prompts: (v + 1) * n_prompts])
-            if isinstance(value, (np.ndarray, np.generic)):  # TransformerLens takes .item() of anything
-                array = np.asarray(value)
-                if array.size != 1 or array.dtype.kind not in "iuf":
-                    raise TypeError(f"the metric {self.name} returned a numpy {array.dtype} of shape {array.shape}; "
-                                    "return one number")
-                value = float(array.reshape(()))
-            if isinstance(value, Tensor):
-                if value.dtype == torch.bool or value.is_complex():
-                    raise TypeError(f"the metric {self.name} returned a {value.dtype} tensor; return a real number")
-                if value.numel() != 1:
-                    raise ValueError(f"the metric {self.name} returned shape {tuple(value.shape)}; a "
-                                     "VariantMetric returns one value for the whole batch (e.g. a mean over "
-                                     "prompts)")
-                value = value.reshape(()).to(logits.device)
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                value = torch.tensor(float(value), dtype=torch.float64, device=logits.device)
-            else:
-                raise TypeError(f"the metric {self.name} returned {type(value).__name__}; return a scalar "
-                                "tensor or a number")
-            out.append(value.detach())
-        dtype = torch.float32  # at least float32; wider where the metric returned wider values
-        for value in out:
+        out = [self.value_of(self.fn(logits[v * n_prompts: (v + 1) * n_prompts]), logits.device)
+               for v in range(logits.shape[0] // n_prompts)]
+        return self.stack(out)
+
+    def value_of(self, value, device) -> Tensor:
+        """What ``fn`` returned for one variant, checked, as a detached 0-d tensor on ``device``."""
+        if isinstance(value, (np.ndarray, np.generic)):  # TransformerLens takes .item() of anything
+            array = np.asarray(value)
+            if array.size != 1 or array.dtype.kind not in "iuf":
+                raise TypeError(f"the metric {self.name} returned a numpy {array.dtype} of shape {array.shape}; "
+                                "return one number")
+            value = float(array.reshape(()))
+        if isinstance(value, Tensor):
+            if value.dtype == torch.bool or value.is_complex():
+                raise TypeError(f"the metric {self.name} returned a {value.dtype} tensor; return a real number")
+            if value.device.type == "meta":
+                raise TypeError(f"the metric {self.name} returned a tensor on the meta device (no data); return "
+                                "a number or a tensor holding one")
+            if value.numel() != 1:
+                raise ValueError(f"the metric {self.name} returned shape {tuple(value.shape)}; a "
+                                 "VariantMetric returns one value for the whole batch (e.g. a mean over "
+                                 "prompts)")
+            value = value.reshape(()).to(device)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = torch.tensor(float(value), dtype=torch.float64, device=device)
+        else:
+            raise TypeError(f"the metric {self.name} returned {type(value).__name__}; return a scalar "
+                            "tensor or a number")
+        return value.detach()
+
+    @staticmethod
+    def stack(values: list) -> Tensor:
+        """One value per variant [variant], in float32 or wider where the metric returned wider values."""
+        dtype = torch.float32
+        for value in values:
             dtype = torch.promote_types(dtype, value.dtype)
-        return torch.stack([v.to(dtype) for v in out])
+        return torch.stack([v.to(dtype) for v in values])
 
     def __call__(self, logits: Float[Tensor, "batch pos d_vocab"]):
         """The metric of one batch: ``fn(logits)`` as given."""

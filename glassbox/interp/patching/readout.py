@@ -5,8 +5,12 @@ from each pass; the kept rows are unembedded together once they would fill the m
 at the end), so the unembedding matrix is read once for many passes. Any other metric is given
 full logits [batch pos d_vocab], a budget's worth of rows at a time; so is a ``PositionMetric`` with
 ``full=True`` (user hooks on the final norm or unembedding must see every position, see
-``user_hooks.py``). A ``VariantMetric`` is given each variant's full logits and gives one value per
-variant, kept as [variant 1].
+``user_hooks.py``). A ``VariantMetric`` is given each variant's logits as ``LazyLogits``
+(``lazy_logits.py``): full logits, unembedded only at the positions its function looks at. The
+first variant's call says which positions those are; the rest of that pass's variants get them
+unembedded together, a budget's worth at a time, before their calls (a call that looks elsewhere
+gets those positions computed then and there; later blocks unembed them too). It gives one value
+per variant, kept as [variant 1]; with ``full=True`` it is given plain full logits.
 
 Values go into one tensor on the model's device, indexed by variant; nothing here waits on it.
 """
@@ -16,6 +20,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .lazy_logits import LazyLogits
 from .metrics import PositionMetric, VariantMetric
 from .runner import BaseRun, full_logits, read_resid, unembed
 
@@ -26,6 +31,9 @@ class Readout:
         self.model, self.base, self.metric, self.read_pos = model, base, metric, read_pos
         self.shortcut = isinstance(metric, PositionMetric) and not full
         self.per_variant = isinstance(metric, VariantMetric)
+        self.lazy = self.per_variant and not full
+        self.reads = None  # positions the VariantMetric looked at so far (None: not called yet)
+        self.budget = memory_budget
         self.n_variants, self.n_prompts = n_variants, base.n_prompts
         self.out = None
         self.pending: list = []
@@ -44,6 +52,8 @@ class Readout:
             if self.pending_rows >= self.rows_per_unembed:
                 self.flush()
             return
+        if self.lazy:
+            return self.add_lazy(final, first, ids)
         P = self.n_prompts
         for lo in range(0, ids.shape[0], self.variants_per_full):
             hi = min(ids.shape[0], lo + self.variants_per_full)
@@ -52,6 +62,38 @@ class Readout:
                 self.store_variants(self.metric.values(logits, P), ids[lo:hi])
             else:
                 self.store(self.metric(logits), ids[lo:hi])
+
+    def add_lazy(self, final: Tensor, first: int, ids: Tensor) -> None:
+        """Each variant's metric on ``LazyLogits``, the positions it reads unembedded per block of variants."""
+        P, S, lo = self.n_prompts, self.base.seq_len, 0
+        while lo < ids.shape[0]:
+            if self.reads is None:  # the first call, alone, says what the metric reads; guess the last position
+                reads, hi = [S - 1], lo + 1
+            else:
+                reads = sorted(self.reads)
+                per_variant = 2 * 4 * self.model.cfg.d_vocab * P * max(1, len(reads))
+                hi = min(ids.shape[0], lo + max(1, self.budget // per_variant))
+            block = final[lo * P: hi * P]
+            known = self.logits_at(block, first, reads)  # [rows len(reads) d_vocab]
+            where = torch.tensor(reads, dtype=torch.long, device=known.device)
+            values = []
+            for v in range(hi - lo):
+                buffer = torch.empty((P, S) + known.shape[2:], dtype=known.dtype, device=known.device)
+                buffer[:, where] = known[v * P: (v + 1) * P]
+                rows = block[v * P: (v + 1) * P]
+                logits = LazyLogits.make(buffer, lambda positions, rows=rows: self.logits_at(rows, first, positions),
+                                         reads)
+                values.append(self.metric.value_of(self.metric.fn(logits), known.device))
+                self.reads = set(self.reads or ()) | logits.filled
+            self.store_variants(VariantMetric.stack(values), ids[lo:hi])
+            lo = hi
+
+    def logits_at(self, rows: Tensor, first: int, positions: list) -> Tensor:
+        """Logits [row len(positions) d_vocab] of ``rows`` (leaving the last block over positions
+        first:) at absolute ``positions``; positions before ``first`` are the corrupted run's."""
+        n = rows.shape[0] // self.n_prompts
+        parts = [rows[:, p - first] if p >= first else self.base.final[:, p].repeat(n, 1) for p in positions]
+        return unembed(self.model, torch.stack(parts, 1))
 
     def flush(self) -> None:
         if not self.pending:
