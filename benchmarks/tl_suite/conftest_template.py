@@ -55,6 +55,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="OUT OF SCOPE: " + why))
 
 
+_PROGRESS = os.environ.get("GLASSBOX_TL_SUITE_PROGRESS")
+
+
+def pytest_runtest_logreport(report):
+    """Each test's outcome as it finishes (a run stopped early still says what it ran)."""
+    if not _PROGRESS or (report.when != "call" and report.outcome == "passed"):
+        return
+    message = ""
+    if report.outcome == "failed":
+        message = str(getattr(report.longrepr, "reprcrash", None) and report.longrepr.reprcrash.message
+                      or report.longreprtext).strip().splitlines()[:1]
+        message = message[0][:300] if message else ""
+    elif report.outcome == "skipped" and isinstance(report.longrepr, tuple):
+        message = str(report.longrepr[2])[:300]
+    outcome = report.outcome if report.when == "call" or report.outcome != "failed" else "error"
+    with open(_PROGRESS, "a") as log:
+        log.write(f"{report.nodeid}\t{report.when}\t{outcome}\t{report.duration:.2f}\t"
+                  f"{message.replace(chr(9), ' ').replace(chr(10), ' ')}\n")
+
+
+def pytest_collectreport(report):
+    if _PROGRESS and report.failed and report.nodeid.endswith(".py"):
+        lines = [line[1:].strip() for line in report.longreprtext.splitlines() if line.startswith("E ")]
+        message = (lines[-1] if lines else report.longreprtext.strip()[:300])[:300]
+        with open(_PROGRESS, "a") as log:
+            log.write(f"{report.nodeid}::\tcollect\terror\t0\t{message.replace(chr(9), ' ')}\n")
+
+
 class TestTimeout(Exception):
     pass
 

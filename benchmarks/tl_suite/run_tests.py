@@ -116,6 +116,21 @@ def parse(junit: Path) -> list:
     return rows
 
 
+def rows_from_progress(progress: Path) -> list:
+    """The rows of a run that did not finish, from the conftest's one line per test phase."""
+    rows = {}
+    for line in progress.read_text().splitlines():
+        nodeid, when, outcome, seconds, message = (line.split("\t") + [""] * 5)[:5]
+        row = rows.setdefault(nodeid, dict(nodeid=nodeid, outcome="passed", seconds=0.0, message=""))
+        row["seconds"] += float(seconds or 0)
+        if outcome == "skipped" and row["outcome"] == "passed":
+            row["outcome"] = "excluded" if message.startswith("OUT OF SCOPE") else "skipped"
+            row["message"] = message
+        elif outcome in ("failed", "error") and row["outcome"] not in ("failed", "error"):
+            row["outcome"], row["message"] = outcome, message
+    return list(rows.values())
+
+
 def summarise(rows: list, counts: dict, static_counts: dict, entries: list, version: str, seconds: float) -> str:
     weight = []
     for row in rows:  # a module that failed to import stands for the tests TransformerLens collects in it
@@ -158,8 +173,19 @@ def main(argv=None) -> int:
     parser.add_argument("--cache", type=Path, help="a stand-in hub cache built already (hub_cache.py)")
     parser.add_argument("--count-python", default="/work/main/.tlenv/bin/python")
     parser.add_argument("--timeout", type=int, default=300, help="seconds one test may run")
+    parser.add_argument("--summarise-only", action="store_true",
+                        help="no run: summarise OUT/progress.tsv of a run that was stopped")
     parser.add_argument("pytest_args", nargs="*")
     args = parser.parse_args(argv)
+    if args.summarise_only:
+        out = args.out.resolve()
+        rows = rows_from_progress(out / "progress.tsv")
+        static_counts = {r["nodeid"][:-2]: static_count(out / "work" / r["nodeid"][:-2]) for r in rows
+                         if r["nodeid"].endswith(".py::")}
+        summary = summarise(rows, {}, static_counts, scope(args.version), args.version, 0.0)
+        (out / "summary-partial.md").write_text("(a run stopped before the end: the tests it ran)\n\n" + summary)
+        print(summary.split("\n## Per file")[0])
+        return 0
     if not (args.tests / "unit").is_dir():
         parser.error(f"{args.tests} is not a TransformerLens tests folder (no unit/ in it)")
     out = args.out.resolve()
@@ -173,6 +199,8 @@ def main(argv=None) -> int:
     entries = prepare(args.tests.resolve(), work, args.version)
     env = environment(cache, work)
     env["GLASSBOX_TL_SUITE_TIMEOUT"] = str(args.timeout)
+    env["GLASSBOX_TL_SUITE_PROGRESS"] = str(out / "progress.tsv")  # one line per test as it finishes
+    (out / "progress.tsv").write_text("")
     counts = tl_counts(args.count_python, work, env) if Path(args.count_python).exists() else {}
     start = time.time()
     junit = out / "junit.xml"
