@@ -9,7 +9,9 @@ seed per repo and revision): a test that compares with the real model's numbers 
 is out of scope (see scope.py).
 
 Shapes: the real configs where a model is cheap (GPT-2 small, DistilGPT-2, Pythia-14m/70m); the
-Stanford CRFM GPT-2 and its checkpoints are a 2-layer, 96-wide GPT-2 (no test checks their sizes). Tokenizers: GPT-2's (shipped in glassbox) for
+Stanford CRFM GPT-2 and its checkpoints are a 2-layer, 96-wide GPT-2 (no test checks their sizes).
+MMLU (the ``cais/mmlu`` dataset repo) holds tests/data/mmlu_tiny.json's invented questions (two
+subjects, abstract_algebra and anatomy), enough for TransformerLens's MMLU tests' counts. Tokenizers: GPT-2's (shipped in glassbox) for
 every repo, Pythia's included (the real Pythia tokenizer is not on this machine; its ids differ).
 
     python benchmarks/tl_suite/hub_cache.py OUT_DIR     # then HF_HUB_CACHE=OUT_DIR HF_HUB_OFFLINE=1
@@ -21,7 +23,8 @@ import shutil
 import sys
 from pathlib import Path
 
-GPT2_TOKENIZER = Path(__file__).resolve().parents[2] / "glassbox" / "assets" / "gpt2-tokenizer"
+REPO = Path(__file__).resolve().parents[2]
+GPT2_TOKENIZER = REPO / "glassbox" / "assets" / "gpt2-tokenizer"
 
 
 def gpt2_config(n_layer=12, n_embd=768, n_head=12):
@@ -93,6 +96,12 @@ def build(cache: Path) -> dict:
         for revision in ["main", *revisions]:
             write_snapshot(cache, repo_id, revision, make_config())
         made[repo_id] = ["main", *revisions]
+    # MMLU's questions for make_mmlu_data_loader / mmlu_eval: the small invented fixture the tests use
+    sys.path.insert(0, str(REPO / "tests"))
+    from hub_cache import cache_mmlu
+
+    cache_mmlu(cache, json.loads((REPO / "tests" / "data" / "mmlu_tiny.json").read_text()))
+    made["cais/mmlu (dataset)"] = ["main"]
     (cache / "glassbox-standins.json").write_text(json.dumps(made, indent=1))
     return made
 
