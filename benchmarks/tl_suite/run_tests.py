@@ -175,8 +175,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=300, help="seconds one test may run")
     parser.add_argument("--summarise-only", action="store_true",
                         help="no run: summarise OUT/progress.tsv of a run that was stopped")
-    parser.add_argument("pytest_args", nargs="*")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)  # what follows "--" goes to pytest (-k, -x, a path)
+    args.pytest_args = [a for a in extra if a != "--"]
     if args.summarise_only:
         out = args.out.resolve()
         rows = rows_from_progress(out / "progress.tsv")
