@@ -78,3 +78,27 @@ def cache_hf_model(cache: Union[str, Path], repo_id: str, hf_model, tokenizer=No
             path = Path(tmp) / "config.json"
             path.write_text(json.dumps(edit_config(json.loads(path.read_text())), indent=2))
         return write_hub_cache(cache, repo_id, tmp, symlinks=symlinks)
+
+
+def cache_mmlu(cache: Union[str, Path], rows_by_subject: dict, split: str = "test") -> Path:
+    """A hand-made ``cais/mmlu`` dataset snapshot in ``cache`` (``datasets--cais--mmlu``), one parquet
+    file per subject laid out as the real repo lays it out: ``<subject>/<split>-00000-of-00001.parquet``."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = {}
+    for subject, rows in rows_by_subject.items():
+        table = pa.table({"question": [r["question"] for r in rows], "subject": [subject] * len(rows),
+                          "choices": [list(r["choices"]) for r in rows], "answer": [r["answer"] for r in rows]})
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer)
+        files[f"{subject}/{split}-00000-of-00001.parquet"] = buffer.getvalue()
+    root = write_hub_cache(cache, "cais/mmlu", files)
+    # a dataset repo's folder is datasets--org--name
+    datasets_root = Path(cache) / "datasets--cais--mmlu"
+    if datasets_root.exists():
+        shutil.rmtree(datasets_root)
+    repo_folder(cache, "cais/mmlu").rename(datasets_root)
+    return datasets_root / "snapshots" / root.name

@@ -293,8 +293,10 @@ def test_kv_cache_with_transformer_lens_s_constructor():
 def test_names_glassbox_loads():
     assert {"gpt2", "gpt2-medium", "distilgpt2", "glassbox-austen"} <= set(OFFICIAL_MODEL_NAMES)
     assert get_official_model_name("GPT2-small") == "gpt2" and get_official_model_name("distil-gpt2") == "distilgpt2"
-    with pytest.raises(ValueError, match="'pythia-70m' is not a model glassbox can load by name.*glassbox-austen"):
-        get_official_model_name("pythia-70m")
+    with pytest.raises(ValueError, match="'solu-2l' is not a model glassbox can load by name.*glassbox-austen"):
+        get_official_model_name("solu-2l")  # TransformerLens's own-format models
+    assert get_official_model_name("pythia-70m") == "EleutherAI/pythia-70m"
+    assert get_official_model_name("stanford-gpt2-small-a") == "stanford-crfm/alias-gpt2-small-x21"
 
 
 @pytest.fixture(scope="module")
@@ -320,8 +322,10 @@ def test_from_pretrained_applies_transformer_lens_s_processing(austen):
 
 
 def test_from_pretrained_refuses_what_glassbox_cannot_load():
-    with pytest.raises(ValueError, match=r"from_pretrained\(checkpoint_index=3\) is not supported"):
+    with pytest.raises(ValueError, match=r"'glassbox-austen' has no training checkpoints"):
         tl.HookedTransformer.from_pretrained("glassbox-austen", checkpoint_index=3)
+    with pytest.raises(ValueError, match=r"from_pretrained\(first_n_layers=1\) is not supported"):
+        tl.HookedTransformer.from_pretrained("glassbox-austen", first_n_layers=1)
     with pytest.raises(ValueError, match=r"n_devices=2"):
         tl.HookedTransformer.from_pretrained("glassbox-austen", n_devices=2)
     with pytest.raises(TypeError, match="load_in_8bit"):
@@ -414,8 +418,10 @@ def test_pretrained_config_without_weights():
     model = tl.HookedTransformer.from_pretrained("glassbox-austen", device="cpu", fold_ln=False)
     for field in ("n_layers", "d_model", "n_heads", "d_mlp", "d_vocab", "n_ctx", "normalization_type", "n_params"):
         assert getattr(shipped, field) == getattr(model.cfg, field), field
-    with pytest.raises(ValueError, match="checkpoint_index not supported"):
+    with pytest.raises(ValueError, match="'gpt2' has no training checkpoints"):
         get_pretrained_model_config("gpt2", checkpoint_index=1)
+    with pytest.raises(ValueError, match="first_n_layers not supported"):
+        get_pretrained_model_config("gpt2", first_n_layers=1)
 
 
 def test_config_of_reads_no_weights(austen, tmp_path):

@@ -46,7 +46,7 @@ from .config.fields import FLAGS
 from .config.hooked_transformer_config import HookedTransformerConfig, default_device
 from ._run_with_cache import tl_run_with_cache
 from ._tokenizer import TokenizerConventions
-from .loading_from_pretrained import get_official_model_name
+from .loading_from_pretrained import checkpoint_fields, get_official_model_name
 
 Loss = Tensor  # a 0-d mean loss, or [batch pos-1] per token
 Output = Union[None, Tensor, Loss, Tuple[Tensor, Loss]]
@@ -161,37 +161,48 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
 
         if "torch_dtype" in from_pretrained_kwargs:  # TransformerLens's older name wins, as there
             dtype = from_pretrained_kwargs.pop("torch_dtype")
-        refused = dict(checkpoint_index=checkpoint_index, checkpoint_value=checkpoint_value,
-                       checkpoint_label=checkpoint_label, first_n_layers=first_n_layers, n_ctx=n_ctx)
+        if checkpoint_label is not None:  # TransformerLens's older name of checkpoint_value
+            if checkpoint_value is not None:
+                raise ValueError("give checkpoint_value or checkpoint_label, not both: they are the same argument")
+            checkpoint_value = checkpoint_label
+        revision = from_pretrained_kwargs.pop("revision", None)
+        refused = dict(first_n_layers=first_n_layers, n_ctx=n_ctx)
         for name, value in refused.items():
             if value is not None:
                 raise ValueError(f"from_pretrained({name}={value!r}) is not supported by glassbox: it loads the "
-                                 "final weights of a model as they are")
+                                 "weights of a model as they are")
         if n_devices != 1:
             raise ValueError(f"from_pretrained(n_devices={n_devices}) is not supported: glassbox puts a model on one device")
         if from_pretrained_kwargs:
             raise TypeError(f"from_pretrained got options glassbox does not support: {', '.join(from_pretrained_kwargs)}")
         dtype = "auto" if isinstance(dtype, str) and dtype == "auto" else as_dtype(dtype)  # "auto": glassbox's loader
         where = (device if device is not None else default_device()) if move_to_device else "cpu"
+        checkpoint = dict(from_checkpoint=False)
         if hf_model is not None:
+            if revision is not None or checkpoint_index is not None or checkpoint_value is not None:
+                raise ValueError("from_pretrained(hf_model=...) takes the given model's weights: a revision or "
+                                 "checkpoint would not be loaded, so give one or the other")
             base = from_hf(hf_model, tokenizer=tokenizer, device=where, dtype=dtype)
             official = model_name
         else:
             official = get_official_model_name(model_name)
-            base = load(official, device=where, dtype=dtype, tokenizer=tokenizer)
+            revision, checkpoint = checkpoint_fields(official, checkpoint_index, checkpoint_value, revision)
+            base = load(official, device=where, dtype=dtype, tokenizer=tokenizer, revision=revision)
         return cls.from_glassbox(base, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                                  center_unembed=center_unembed, fold_value_biases=fold_value_biases,
                                  refactor_factored_attn_matrices=refactor_factored_attn_matrices,
                                  default_prepend_bos=default_prepend_bos, default_padding_side=default_padding_side,
                                  move_to_device=move_to_device, model_name=str(official),
-                                 tokenizer_name=_tokenizer_name(official, tokenizer, base, hf_model))
+                                 tokenizer_name=_tokenizer_name(official, tokenizer, base, hf_model),
+                                 checkpoint=checkpoint)
 
     @classmethod
     def from_glassbox(cls, model: _GlassboxTransformer, fold_ln: bool = True, center_writing_weights: bool = True,
                       center_unembed: bool = True, refactor_factored_attn_matrices: bool = False,
                       fold_value_biases: bool = True, default_prepend_bos: Optional[bool] = None,
                       default_padding_side: Optional[str] = "right", move_to_device: bool = True,
-                      model_name: Optional[str] = None, tokenizer_name: Optional[str] = None) -> "HookedTransformer":
+                      model_name: Optional[str] = None, tokenizer_name: Optional[str] = None,
+                      checkpoint: Optional[dict] = None) -> "HookedTransformer":
         """This class's model of a glassbox model's weights, processed as ``from_pretrained`` processes
         them (same defaults); on the glassbox model's device and dtype, with its hook flags. The model
         passed in is unchanged."""
@@ -215,7 +226,8 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
         first = next(model.parameters())
         tl_fields = dict(normalization_type=gcfg.normalization + ("Pre" if fold_ln else ""), dtype=first.dtype,
                          device=str(first.device), original_architecture=architecture, tokenizer_name=tokenizer_name,
-                         init_weights=False, layer_norm_folding=fold_ln, **model.hook_flags.as_dict())
+                         init_weights=False, layer_norm_folding=fold_ln, **model.hook_flags.as_dict(),
+                         **(checkpoint or {}))
         if default_prepend_bos is not None:
             tl_fields["default_prepend_bos"] = default_prepend_bos
         tl_cfg = HookedTransformerConfig.from_glassbox(gcfg, **tl_fields)

@@ -4,6 +4,11 @@ and ``glassbox.train.datasets``.
 Offline only: ``make_wiki/owt/pile/code_data_loader`` read their dataset from the local Hugging Face
 datasets cache (through the optional ``datasets`` package) and otherwise raise one error naming the
 dataset and how to give local text instead: ``make_text_data_loader(texts_or_file, tokenizer)``.
+``make_mmlu_data_loader`` reads ``cais/mmlu`` from the local hub cache or datasets cache
+(``glassbox.train.mmlu``); a subject it cannot read is a FileNotFoundError naming it (TransformerLens
+prints a warning and leaves the subject out). ``mmlu_eval`` scores each question's letters
+(``glassbox.interp.multiple_choice``) as TransformerLens does: with the model's tokenizer, BOS first
+(TransformerLens's model tokenizer adds it in ``encode``); a ``tokenizer=`` given is used as it is.
 
 Deliberate differences: ``device`` defaults to the model's (TransformerLens's is "cuda");
 ``induction_loss`` refuses a ``subseq_len`` whose repeat does not fit the model's context and, for a
@@ -19,11 +24,14 @@ from torch.utils.data import DataLoader
 
 from ..interp.evals import ioi_logit_diffs, mean_loss_over_batches, repeated_tokens_loss
 from ..interp.ioi_data import IOIDataset
+from ..interp.multiple_choice import LETTERS as MMLU_ANSWER_LETTERS
+from ..interp.multiple_choice import multiple_choice_accuracy
+from ..train.mmlu import MMLU_SUBJECTS, load_mmlu
 from ..train.datasets import cached_hf_dataset, pack_hf_dataset, text_data_loader
 
 __all__ = ["IOIDataset", "evaluate", "evaluate_on_dataset", "induction_loss", "ioi_eval", "make_code_data_loader",
-           "make_owt_data_loader", "make_pile_data_loader", "make_text_data_loader", "make_wiki_data_loader",
-           "sanity_check"]
+           "make_mmlu_data_loader", "make_owt_data_loader", "make_pile_data_loader", "make_text_data_loader",
+           "make_wiki_data_loader", "mmlu_eval", "MMLU_ANSWER_LETTERS", "MMLU_SUBJECTS", "sanity_check"]
 
 SANITY_TEXT = ("Many important transition points in the history of science have been moments when science "
                "'zoomed in.' At these points, we develop a visualization or tool that allows us to see the world "
@@ -103,3 +111,18 @@ def ioi_eval(model, dataset=None, batch_size: int = 8, num_samples: int = 1000, 
                              symmetric=symmetric)
     scores = ioi_logit_diffs(model, dataset, batch_size)
     return {"Logit Difference": scores.mean_logit_diff, "Accuracy": scores.accuracy}
+
+
+def make_mmlu_data_loader(subjects=None, split: str = "test", num_samples: Optional[int] = None) -> list:
+    """MMLU's questions as ``[{"question", "choices", "answer", "subject"}]``, the first ``num_samples`` of
+    each subject (all 57 when ``subjects`` is None); read offline (module docstring)."""
+    return load_mmlu(subjects, split=split, num_samples=num_samples)
+
+
+def mmlu_eval(model, tokenizer=None, subjects=None, split: str = "test", num_samples: Optional[int] = None) -> dict:
+    """Zero-shot MMLU: ``{"accuracy", "num_correct", "num_total", "subject_scores"}``."""
+    examples = make_mmlu_data_loader(subjects=subjects, split=split, num_samples=num_samples)
+    if tokenizer is not None:
+        return multiple_choice_accuracy(model, examples, tokenizer)
+    # TransformerLens's model tokenizer puts BOS first in encode (glassbox.tl's copy does not): as there
+    return multiple_choice_accuracy(model, examples, model.tokenizer, bos_id=getattr(model.tokenizer, "bos_token_id", None))

@@ -1,27 +1,49 @@
-"""TransformerLens's ``loading_from_pretrained``: the model names glassbox can load, and their aliases.
+"""TransformerLens's ``loading_from_pretrained``: the model names glassbox can load, their aliases, and
+training checkpoints.
 
 ``OFFICIAL_MODEL_NAMES`` lists what ``HookedTransformer.from_pretrained`` loads by name: the GPT-2 hub
-models and the models shipped inside glassbox. A local Hugging Face folder of an architecture glassbox
-converts works too, by path, and so does a Hugging Face repo id: "org/name" always (fetched when not
-cached), a bare name when it is in the local Hugging Face cache. TransformerLens's other short names
-("pythia-70m") are not aliases here: they are refused with the list of names that work.
+models, the Pythia and Stanford CRFM GPT-2 repos (by TransformerLens's short names too: "pythia-70m",
+"stanford-gpt2-small-a") and the models shipped inside glassbox. A local Hugging Face folder of an
+architecture glassbox converts works too, by path, and so does a Hugging Face repo id: "org/name"
+always (fetched when not cached), a bare name when it is in the local Hugging Face cache.
+TransformerLens's other short names (its own-format models such as "solu-2l" or "attn-only-2l", and
+families glassbox does not convert) are refused with the list of names that work.
+
+Checkpoints (``checkpoint_index=`` / ``checkpoint_value=``, ``get_checkpoint_labels``) are the step
+revisions of the Pythia and Stanford CRFM repos (``glassbox.weights.checkpoints``): the published
+schedule, loaded from the local hub cache's revision (``refs/step1000``) or fetched; one the cache
+lacks offline is an error naming the revision and the revisions cached.
 """
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
+from ..weights.checkpoints import checkpoint_labels, checkpoint_revision
 from ..weights.pretrained import HUB_MODELS, is_hub_repo_id, shipped_models
 
-OFFICIAL_MODEL_NAMES: List[str] = list(HUB_MODELS) + shipped_models()
+PYTHIA_SIZES = ["14m", "31m", "70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b", "12b"]
+PYTHIA_VARIANTS = {size: ["", "-deduped", "-deduped-v0", "-v0"] if size not in ("14m", "31m") else [""]
+                   for size in PYTHIA_SIZES}
+PYTHIA_VARIANTS["160m"] += ["-seed1", "-seed2", "-seed3"]
+STANFORD = {"small": ["alias-gpt2-small-x21", "battlestar-gpt2-small-x49", "caprica-gpt2-small-x81",
+                      "darkmatter-gpt2-small-x343", "expanse-gpt2-small-x777"],
+            "medium": ["arwen-gpt2-medium-x21", "beren-gpt2-medium-x49", "celebrimbor-gpt2-medium-x81",
+                       "durin-gpt2-medium-x343", "eowyn-gpt2-medium-x777"]}
 
-# TransformerLens's aliases of the names above.
+# TransformerLens's aliases of the names glassbox loads.
 MODEL_ALIASES: Dict[str, List[str]] = {
     "gpt2": ["gpt2-small"],
     "gpt2-medium": ["gpt2-medium"],
     "gpt2-large": ["gpt2-large"],
     "gpt2-xl": ["gpt2-xl"],
     "distilgpt2": ["distillgpt2", "distill-gpt2", "distil-gpt2", "gpt2-xs"],
+    **{f"EleutherAI/pythia-{size}{variant}": [f"pythia-{size}{variant}"] + (["pythia"] if size + variant == "70m"
+                                                                          else [])
+       for size, variants in PYTHIA_VARIANTS.items() for variant in variants},
+    **{f"stanford-crfm/{repo}": [f"stanford-gpt2-{size}-{'abcde'[i]}"]
+       for size, repos in STANFORD.items() for i, repo in enumerate(repos)},
     **{name: [] for name in shipped_models()},
 }
+OFFICIAL_MODEL_NAMES: List[str] = [*HUB_MODELS, *(name for name in MODEL_ALIASES if name not in HUB_MODELS)]
 
 
 def get_official_model_name(model_name: str) -> str:
@@ -50,20 +72,23 @@ def get_pretrained_model_config(model_name: str, hf_cfg=None, checkpoint_index=N
                                 fold_ln: bool = False, device=None, n_devices: int = 1,
                                 default_prepend_bos=None, dtype=None, first_n_layers=None, n_ctx=None, **kwargs):
     """The HookedTransformerConfig ``HookedTransformer.from_pretrained(model_name, fold_ln=fold_ln)`` builds,
-    read from the model's config alone (no weights are loaded). Checkpoints, several devices, a cut
-    number of layers or context, and other options are refused by name."""
+    read from the model's config alone (no weights are loaded); a checkpoint (``checkpoint_index`` or
+    ``checkpoint_value``) or a ``revision=`` reads that revision's config. Several devices, a cut
+    number of layers or context, and other options are refused by name.
+    """
     import torch
 
     from ..weights.pretrained import config_of
     from .config import HookedTransformerConfig
 
-    refused = dict(hf_cfg=hf_cfg, checkpoint_index=checkpoint_index, checkpoint_value=checkpoint_value,
-                   first_n_layers=first_n_layers, n_ctx=n_ctx, **kwargs)
+    revision = kwargs.pop("revision", None)
+    refused = dict(hf_cfg=hf_cfg, first_n_layers=first_n_layers, n_ctx=n_ctx, **kwargs)
     named = [name for name, value in refused.items() if value is not None]
     if named or n_devices != 1:
         raise ValueError(f"get_pretrained_model_config: {', '.join(named or ['n_devices'])} not supported by glassbox")
     name = get_official_model_name(model_name)
-    cfg = config_of(name)
+    revision, checkpoint = checkpoint_fields(name, checkpoint_index, checkpoint_value, revision)
+    cfg = config_of(name, revision=revision)
     if isinstance(dtype, str) and dtype == "auto":  # what from_pretrained(dtype="auto") would load
         from ..weights.files import read_config
         from ..weights.pretrained import auto_dtype, resolve
@@ -81,4 +106,26 @@ def get_pretrained_model_config(model_name: str, hf_cfg=None, checkpoint_index=N
         fields["device"] = str(device)
     if default_prepend_bos is not None:
         fields["default_prepend_bos"] = default_prepend_bos
-    return HookedTransformerConfig.from_glassbox(cfg, **fields)
+    return HookedTransformerConfig.from_glassbox(cfg, **fields, **checkpoint)
+
+
+def get_checkpoint_labels(model_name: str, **kwargs):
+    """(the steps a model's training checkpoints were saved at, in order; "step") for the Pythia and
+    Stanford CRFM repos; a ValueError for any other model (TransformerLens's own-format checkpointed
+    models are not loadable here). ``kwargs`` (TransformerLens passes them to the hub) are ignored."""
+    return checkpoint_labels(get_official_model_name(model_name))
+
+
+def checkpoint_fields(official: str, checkpoint_index: Optional[int] = None, checkpoint_value: Optional[int] = None,
+                      revision: Optional[str] = None):
+    """(the revision to load, the config's checkpoint fields) for ``from_pretrained``'s arguments; a
+    checkpoint together with a ``revision`` is refused (both choose the revision)."""
+    if checkpoint_index is None and checkpoint_value is None:
+        return revision, dict(from_checkpoint=False)
+    if revision is not None:
+        raise ValueError(f"give either revision={revision!r} or a checkpoint (checkpoint_index={checkpoint_index!r}, "
+                         f"checkpoint_value={checkpoint_value!r}), not both: each chooses the revision loaded")
+    checkpoint_revision_name, step, _ = checkpoint_revision(official, checkpoint_index, checkpoint_value)
+    index = checkpoint_index if checkpoint_index is not None else checkpoint_labels(official)[0].index(step)
+    return checkpoint_revision_name, dict(from_checkpoint=True, checkpoint_index=index, checkpoint_value=step,
+                                          checkpoint_label_type="step")

@@ -34,6 +34,7 @@ from ..models import Config, HookedTransformer
 from ..models.devices import check_device, requested_map
 from ..suggest import did_you_mean
 from .architectures import ARCHITECTURES, architecture_of_type
+from .checkpoints import cached_revisions
 from .checks import check_against_weights, check_config_fields, check_rope_fields
 from .export import recover, save_pretrained, to_hf
 from .family import resolve_tying
@@ -84,12 +85,14 @@ class ModelNotFoundError(OSError, ValueError):
     cache nor fetchable from the hub (its ``__cause__`` is huggingface_hub's own error)."""
 
 
-def resolve(name_or_path: Union[str, Path], files=None) -> Path:
+def resolve(name_or_path: Union[str, Path], files=None, revision: Optional[str] = None) -> Path:
     """The local folder holding a model's config.json and weights: a folder, a shipped model, or the
     snapshot of a Hugging Face repo id (cached, else fetched: ``files`` are the file patterns fetched,
-    by default the config, weights and tokenizer). An empty or blank name is refused: Path("") is the
-    working directory, which would load whatever model sits there."""
+    by default the config, weights and tokenizer; ``revision`` a branch, tag or commit of the repo, by
+    default main). An empty or blank name is refused: Path("") is the working directory, which would
+    load whatever model sits there."""
     check_name(name_or_path)
+    check_revision(name_or_path, revision)
     path = Path(name_or_path).expanduser()
     if (path.is_dir() or not path.exists()) and recover(path):  # an interrupted save finished first
         return path
@@ -99,7 +102,7 @@ def resolve(name_or_path: Union[str, Path], files=None) -> Path:
     if path.exists():
         raise ValueError(f"{name!r} is a file, not a model folder (a folder holds config.json and the weights)")
     if _is_repo_id(name):
-        return hub_snapshot(name, HUB_FILES if files is None else files)
+        return hub_snapshot(name, HUB_FILES if files is None else files, revision)
     raise ValueError(f"{name!r} is neither a folder, a shipped model ({', '.join(shipped_models()) or 'none'}) "
                      "nor a Hugging Face repo id ('org/name' or a bare name such as gpt2)"
                      + did_you_mean(name, known_model_names()))
@@ -160,27 +163,50 @@ def hub_offline() -> bool:
     return now.strip().upper() in ("1", "ON", "YES", "TRUE") or bool(hub.HF_HUB_OFFLINE)
 
 
-def hub_snapshot(repo_id: str, files) -> Path:
-    """The snapshot folder of ``repo_id`` in the hub cache: the cached one when offline (or when the
-    hub cannot be reached), else fetched. ModelNotFoundError naming the repo id and the cache folder
-    otherwise. A repo with no safetensors gets its pytorch_model.bin."""
+def check_revision(name_or_path, revision) -> None:
+    """``revision`` is None or a non-blank str, and only for a repo id (a folder has no revisions)."""
+    if revision is None:
+        return
+    if not isinstance(revision, str) or not revision.strip():
+        raise (TypeError if not isinstance(revision, str) else ValueError)(
+            f"revision must be a non-empty str (a branch, tag or commit of the repo), got {revision!r}")
+    name = str(name_or_path)
+    if Path(name).expanduser().exists() or (SHIPPED_DIR / name).is_dir() or not _is_repo_id(name):
+        raise ValueError(f"revision={revision!r} names a revision of a Hugging Face repo, but {name!r} is a "
+                         "local folder or shipped model, which has one version")
+
+
+def hub_snapshot(repo_id: str, files, revision: Optional[str] = None) -> Path:
+    """The snapshot folder of ``repo_id`` at ``revision`` (default main) in the hub cache: the cached
+    one when offline (or when the hub cannot be reached), else fetched. ModelNotFoundError naming the
+    repo id, the revision and the cache folder otherwise. A repo with no safetensors gets its
+    pytorch_model.bin."""
     from huggingface_hub import snapshot_download
 
     cache, offline = hub_cache_dir(), hub_offline()
+    at = {} if revision is None else {"revision": revision}
     try:
         folder = Path(snapshot_download(repo_id, allow_patterns=list(files), cache_dir=str(cache),
-                                        local_files_only=offline))
+                                        local_files_only=offline, **at))
         if not offline and "*.safetensors" in files and not any(folder.glob("*.safetensors")):
             folder = Path(snapshot_download(repo_id, allow_patterns=list(files) + [PYTORCH_BIN],
-                                            cache_dir=str(cache), local_files_only=False))
+                                            cache_dir=str(cache), local_files_only=False, **at))
     except Exception as err:  # huggingface_hub raises many types: offline, unreachable, no such repo, gated
-        raise ModelNotFoundError(_not_found(repo_id, cache, offline, err)) from err
+        raise ModelNotFoundError(_not_found(repo_id, cache, offline, err, revision)) from err
     return folder
 
 
-def _not_found(repo_id: str, cache: Path, offline: bool, err: Exception) -> str:
+def _not_found(repo_id: str, cache: Path, offline: bool, err: Exception, revision: Optional[str] = None) -> str:
     kinds = {cls.__name__ for cls in type(err).__mro__}
     first = (str(err).strip().splitlines() or [""])[0][:300]
+    cached = cached_revisions(repo_id, cache)
+    if revision is not None and cached and revision not in cached and not _is_cached_commit(repo_id, cache, revision):
+        shown = cached if len(cached) <= 12 else cached[:6] + ["..."] + cached[-5:]
+        return (f"revision {revision!r} of {repo_id!r} is not in the local Hugging Face cache {cache} "
+                f"({len(cached)} revisions cached: {', '.join(shown)})"
+                + ("; HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set, so the hub was not asked" if offline else
+                   f", and the hub could not give it ({type(err).__name__}: {first})")
+                + did_you_mean(revision, cached))
     if "IncompleteSnapshotError" in kinds:
         why = f"its cached snapshot is incomplete ({first})"
     elif offline:
@@ -194,11 +220,17 @@ def _not_found(repo_id: str, cache: Path, offline: bool, err: Exception) -> str:
     else:
         why = f"{type(err).__name__}: {first}"
     folder = cache / ("models--" + repo_id.replace("/", "--"))
+    if revision is not None:
+        why += f" (asked for revision {revision!r})"
     return (f"{repo_id!r} is neither a folder, a shipped model ({', '.join(shipped_models()) or 'none'}) nor a "
             f"repo id in the local Hugging Face cache (searched {folder}, in the cache {cache}), and glassbox "
             f"could not fetch {repo_id!r} from the Hugging Face hub: {why}. Download it once with network "
             "access, set HF_HUB_CACHE to the cache that holds it, or pass a local folder"
             + did_you_mean(repo_id, known_model_names(cache)))
+
+
+def _is_cached_commit(repo_id: str, cache: Path, revision: str) -> bool:
+    return (cache / ("models--" + repo_id.replace("/", "--")) / "snapshots" / revision).is_dir()
 
 
 def known_model_names(cache: Optional[Path] = None) -> list:
@@ -240,9 +272,11 @@ def auto_dtype(config: dict, folder: Path, tensors: Optional[dict] = None) -> to
 
 
 def from_pretrained(name_or_path, device=None, dtype: Union[torch.dtype, str] = torch.float32, tokenizer=None,
-                    device_map=None, n_devices: Optional[int] = None, **kwargs) -> HookedTransformer:
-    """Load a folder, a shipped model or a Hugging Face repo id (see the module docstring; ``dtype`` may
-    be "auto"); weight processing (``fold_ln``, ``center_reader_weights``, ``center_writing_weights``,
+                    device_map=None, n_devices: Optional[int] = None, revision: Optional[str] = None,
+                    **kwargs) -> HookedTransformer:
+    """Load a folder, a shipped model or a Hugging Face repo id at ``revision`` (a branch, tag or
+    commit; default main; ``checkpoints.py`` names training checkpoints' revisions) (see the module
+    docstring; ``dtype`` may be "auto"); weight processing (``fold_ln``, ``center_reader_weights``, ``center_writing_weights``,
     ``center_unembed``, ``fold_value_biases``, ``refactor_factored_attn_matrices``, all False by
     default) is opt-in and recorded on ``model.processing``.
 
@@ -254,13 +288,19 @@ def from_pretrained(name_or_path, device=None, dtype: Union[torch.dtype, str] = 
         raise TypeError(f"unexpected options for from_pretrained: {', '.join(kwargs)}; weight processing "
                         f"options are {', '.join(ALL_STEPS)}")
     check_name(name_or_path)
+    check_revision(name_or_path, revision)
     as_dtype(dtype)  # a bad dtype is refused before anything is fetched
     if device is not None:  # and a device this machine cannot use
         check_device(device, "from_pretrained(device=...)", allow_meta=False)
     placement = requested_map(device, device_map, n_devices)
-    folder = resolve(name_or_path)
-    model = load_folder(folder, device="cpu" if placement is not None else device, dtype=dtype, tokenizer=tokenizer,
-                        model_name=_model_name(name_or_path))
+    folder = resolve(name_or_path, revision=revision)
+    try:
+        model = load_folder(folder, device="cpu" if placement is not None else device, dtype=dtype,
+                            tokenizer=tokenizer, model_name=_model_name(name_or_path))
+    except FileNotFoundError as err:  # a snapshot without a file: name the revision it is the snapshot of
+        if revision is None:
+            raise
+        raise FileNotFoundError(f"{err} (the snapshot of revision {revision!r} of {str(name_or_path)!r})") from err
     model = process(model, **steps) if any(steps.values()) else model
     return model.place(placement) if placement is not None else model
 
@@ -274,15 +314,15 @@ def _model_name(name_or_path) -> Optional[str]:
     return name
 
 
-def config_of(name_or_path) -> Config:
+def config_of(name_or_path, revision: Optional[str] = None) -> Config:
     """The Config of a model ``from_pretrained`` can load, without reading (or downloading) its weights:
     a GPT-2 hub name's from its sizes, anything else's from its config.json (a repo id's fetched alone
     when it is not cached). Footgun: a config that ties the embeddings over a checkpoint whose lm_head
     differs loads untied (family.resolve_tying); that needs the weights, so this Config says tied."""
     check_name(name_or_path)
-    if str(name_or_path) in HUB_MODELS and not Path(str(name_or_path)).expanduser().is_dir():
+    if str(name_or_path) in HUB_MODELS and revision is None and not Path(str(name_or_path)).expanduser().is_dir():
         return hub_config(str(name_or_path)).replace(model_name=str(name_or_path))
-    folder, name = resolve(name_or_path, files=["config.json"]), _model_name(name_or_path)
+    folder, name = resolve(name_or_path, files=["config.json"], revision=revision), _model_name(name_or_path)
     hf_config, model_type, arch = _folder_config(folder, name)
     return _config_from(arch, hf_config, folder, name)
 

@@ -1,0 +1,112 @@
+"""A Hugging Face hub cache (HF_HUB_CACHE layout) of seeded random stand-ins for the models that
+TransformerLens's test suites and demos load by name, so they run offline on glassbox.tl.
+
+Layout, as huggingface_hub writes it: ``models--ORG--NAME/snapshots/COMMIT/<files>``, ``refs/main``
+holding COMMIT, and one ref per training checkpoint (``refs/step1000`` for Pythia,
+``refs/checkpoint-100`` for Stanford CRFM's GPT-2s), each a different seeded model, so a test can
+tell which revision it loaded. Every weight is random (``transformers``' own initialisation under a
+seed per repo and revision): a test that compares with the real model's numbers cannot pass here and
+is out of scope (see scope.py).
+
+Shapes: the real configs where a model is cheap (GPT-2 small, DistilGPT-2, Pythia-14m/70m); the
+Stanford CRFM GPT-2 and its checkpoints are a 2-layer, 96-wide GPT-2 (no test checks their sizes).
+MMLU (the ``cais/mmlu`` dataset repo) holds tests/data/mmlu_tiny.json's invented questions (two
+subjects, abstract_algebra and anatomy), enough for TransformerLens's MMLU tests' counts. Tokenizers: GPT-2's (shipped in glassbox) for
+every repo, Pythia's included (the real Pythia tokenizer is not on this machine; its ids differ).
+
+    python benchmarks/tl_suite/hub_cache.py OUT_DIR     # then HF_HUB_CACHE=OUT_DIR HF_HUB_OFFLINE=1
+"""
+
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+GPT2_TOKENIZER = REPO / "glassbox" / "assets" / "gpt2-tokenizer"
+
+
+def gpt2_config(n_layer=12, n_embd=768, n_head=12):
+    from transformers import GPT2Config
+
+    return GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=50257, n_positions=1024)
+
+
+def neox_config(hidden, layers, heads):
+    from transformers import GPTNeoXConfig
+
+    return GPTNeoXConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                         intermediate_size=4 * hidden, vocab_size=50304, max_position_embeddings=2048,
+                         rotary_pct=0.25, use_parallel_residual=True, tie_word_embeddings=False,
+                         bos_token_id=0, eos_token_id=0)
+
+
+# repo id -> (config factory, [revisions besides main]); the names TransformerLens's tests and demos use.
+STANFORD = "stanford-crfm/alias-gpt2-small-x21"
+MODELS = {
+    "gpt2": (gpt2_config, []),
+    "distilgpt2": (lambda: gpt2_config(n_layer=6), []),
+    "EleutherAI/pythia-70m": (lambda: neox_config(512, 6, 8), ["step0", "step1", "step512", "step1000",
+                                                               "step143000"]),
+    "EleutherAI/pythia-14m": (lambda: neox_config(128, 6, 4), []),
+    STANFORD: (lambda: gpt2_config(n_layer=2, n_embd=96, n_head=4), ["checkpoint-0", "checkpoint-10", "checkpoint-400000"]),
+}
+
+
+def commit_of(repo_id: str, revision: str) -> str:
+    return hashlib.sha1(f"{repo_id}@{revision}".encode()).hexdigest()
+
+
+def seed_of(repo_id: str, revision: str) -> int:
+    return int(commit_of(repo_id, revision)[:8], 16)
+
+
+def write_snapshot(cache: Path, repo_id: str, revision: str, config) -> Path:
+    """One revision's snapshot (config, safetensors weights, GPT-2 tokenizer) and its ref."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    commit = commit_of(repo_id, revision)
+    snapshot = repo / "snapshots" / commit
+    if not (snapshot / "model.safetensors").is_file():
+        torch.manual_seed(seed_of(repo_id, revision))
+        model = AutoModelForCausalLM.from_config(config)
+        tmp = snapshot.with_name(commit + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp, safe_serialization=True)
+        for name in ("vocab.json", "merges.txt", "special_tokens_map.json", "tokenizer_config.json"):
+            shutil.copy(GPT2_TOKENIZER / name, tmp / name)
+        shutil.rmtree(snapshot, ignore_errors=True)
+        tmp.rename(snapshot)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / revision).write_text(commit)
+    return snapshot
+
+
+def build(cache: Path) -> dict:
+    """Every stand-in of MODELS in ``cache``; returns {repo id: [revisions]}."""
+    import torch
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    cache.mkdir(parents=True, exist_ok=True)
+    made = {}
+    for repo_id, (make_config, revisions) in MODELS.items():
+        for revision in ["main", *revisions]:
+            write_snapshot(cache, repo_id, revision, make_config())
+        made[repo_id] = ["main", *revisions]
+    # MMLU's questions for make_mmlu_data_loader / mmlu_eval: the small invented fixture the tests use
+    sys.path.insert(0, str(REPO / "tests"))
+    from hub_cache import cache_mmlu
+
+    cache_mmlu(cache, json.loads((REPO / "tests" / "data" / "mmlu_tiny.json").read_text()))
+    made["cais/mmlu (dataset)"] = ["main"]
+    (cache / "glassbox-standins.json").write_text(json.dumps(made, indent=1))
+    return made
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    print(json.dumps(build(Path(sys.argv[1]).resolve()), indent=1))
