@@ -96,8 +96,8 @@ class Attention(nn.Module):
         mask a forward needs at forward time). The forward never reads it: assigning a bool tensor (as
         code that shares TransformerLens 3.2's [n_ctx n_ctx] buffers between layers does) changes what
         reading gives, nothing else."""
-        if self._mask is None:
-            self._mask = torch.empty(0, 0, dtype=torch.bool, device=self.W_Q.device)
+        if self._mask is None:  # made on each read, so it follows the weights' device
+            return torch.empty(0, 0, dtype=torch.bool, device=self.W_Q.device)
         return self._mask
 
     @mask.setter
