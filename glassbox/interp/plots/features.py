@@ -29,7 +29,7 @@ import html
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from jaxtyping import Float, Int
@@ -72,12 +72,37 @@ def check_tokens(model, tokens) -> Tensor:
     return tokens.to(model.W_U.device)
 
 
+@dataclass(frozen=True)
+class FeatureReader:
+    """What the dashboard needs of a feature dictionary: the hook its features read (``hook_name``), how
+    many there are (``d_features``), ``encode`` ([... d_in] at that hook -> [... d_features]
+    activations), ``directions`` (features -> [feature d_model]: what one unit of each adds to the
+    residual stream, for the logit effects) and the ``device`` its parameters are on. ``sae_reader``
+    builds one for an SAE; ``glassbox.interp.graphs.details`` one for a transcoder layer."""
+
+    hook_name: str
+    d_features: int
+    encode: Callable[[Tensor], Tensor]
+    directions: Callable[[Sequence[int]], Tensor]
+    device: torch.device
+
+
+def sae_reader(model, sae) -> FeatureReader:
+    return FeatureReader(sae.cfg.hook_name, sae.cfg.d_sae, sae.encode,
+                         lambda features: decoder_in_resid(model, sae, features), sae.W_enc.device)
+
+
 @torch.no_grad()
 def sae_inputs(model, sae, tokens: Int[Tensor, "batch pos"], batch_size: int = 16) -> Tensor:
     """The model's value at the SAE's read hook (``sae.cfg.hook_name``) for every window, [batch pos ...]."""
-    hook = sae.cfg.hook_name
+    return hook_inputs(model, sae.cfg.hook_name, tokens, batch_size)
+
+
+@torch.no_grad()
+def hook_inputs(model, hook: str, tokens: Int[Tensor, "batch pos"], batch_size: int = 16) -> Tensor:
+    """The model's value at ``hook`` for every window, [batch pos ...] (run no further than needed)."""
     if hook not in model.hook_dict:
-        raise ValueError(f"the SAE reads at {hook!r}, which is not a hook point of this model")
+        raise ValueError(f"the features read at {hook!r}, which is not a hook point of this model")
     layer = LAYER_OF.match(hook)
     resid_pre = re.match(r"^blocks\.(\d+)\.hook_resid_pre$", hook)
     kept: List[Tensor] = []
@@ -120,10 +145,17 @@ def feature_logit_effects(model, sae, features: Sequence[int]) -> Float[Tensor, 
     the biases (the norm's and ``b_U``, the same for every feature) are left out, so the values rank
     tokens but are not logit differences of any one position. Only the direct path is counted: an SAE
     before the last layer also acts through the layers after it, which this leaves out."""
+    return direction_logit_effects(model, decoder_in_resid(model, sae, features))
+
+
+@torch.no_grad()
+def direction_logit_effects(model, direction: Float[Tensor, "feature d_model"]) -> Float[Tensor, "feature d_vocab"]:
+    """Residual-stream directions through the final norm (linearised as ``feature_logit_effects`` says),
+    then ``W_U``."""
     from ...models.layer_norm import LayerNorm
     from ...models.rms_norm import RMSNorm
 
-    direction = decoder_in_resid(model, sae, features)
+    direction = direction.to(model.W_U.dtype)
     norm = model.ln_final
     if isinstance(norm, LayerNorm):
         direction = (direction - direction.mean(-1, keepdim=True)) * norm.w
@@ -220,30 +252,31 @@ def feature_summaries(model, sae, text_or_tokens: Union[str, Tensor], features: 
                       n_features: int = 8, n_contexts: int = 8, context: Tuple[int, int] = (12, 4),
                       n_logits: int = 10, bins: int = 30, batch_size: int = 16) -> DashboardData:
     """The dashboard's numbers (see the module docstring); ``context`` is (tokens before, tokens after)
-    each top position."""
+    each top position. ``sae`` is an SAE or any ``FeatureReader`` (e.g. one transcoder layer's)."""
     for name, value in (("n_features", n_features), ("n_contexts", n_contexts), ("n_logits", n_logits),
                         ("bins", bins), ("batch_size", batch_size)):
         positive_int(name, value)
     before, after = context
     if min(before, after) < 0:
         raise ValueError(f"context must be (tokens before, tokens after), both >= 0, got {context!r}")
-    if sae.W_enc.device != model.W_U.device:
-        raise ValueError(f"the SAE is on {sae.W_enc.device}, the model on {model.W_U.device}; move one")
-    d_sae = sae.cfg.d_sae
+    reader = sae if isinstance(sae, FeatureReader) else sae_reader(model, sae)
+    if reader.device != model.W_U.device:
+        raise ValueError(f"the features are on {reader.device}, the model on {model.W_U.device}; move one")
+    d_sae = reader.d_features
     asked = None if features is None else check_features(features, d_sae)
     tokens = text_windows(model, text_or_tokens) if isinstance(text_or_tokens, str) else \
         check_tokens(model, text_or_tokens)
-    x = sae_inputs(model, sae, tokens, batch_size)
+    x = hook_inputs(model, reader.hook_name, tokens, batch_size)
     bos = bos_or_none(model)
     counted = tokens != bos if bos is not None else torch.ones_like(tokens, dtype=torch.bool)
     n_positions = int(counted.sum())
     if n_positions == 0:
         raise ValueError("every position holds the BOS token: nothing to count")
 
-    active_count = torch.zeros(d_sae, dtype=torch.float64, device=sae.device)
-    max_act = torch.zeros(d_sae, dtype=torch.float64, device=sae.device)
+    active_count = torch.zeros(d_sae, dtype=torch.float64, device=reader.device)
+    max_act = torch.zeros(d_sae, dtype=torch.float64, device=reader.device)
     for start in range(0, x.shape[0], batch_size):
-        acts = sae.encode(x[start:start + batch_size]).double()[counted[start:start + batch_size]]
+        acts = reader.encode(x[start:start + batch_size]).double()[counted[start:start + batch_size]]
         active_count += (acts > 0).sum(0)
         max_act = torch.maximum(max_act, acts.max(0).values.clamp_min(0))
     frequency = (active_count / n_positions).cpu()
@@ -256,9 +289,9 @@ def feature_summaries(model, sae, text_or_tokens: Union[str, Tensor], features: 
     if not chosen:
         return data
 
-    sel = torch.cat([sae.encode(x[s:s + batch_size])[..., chosen] for s in range(0, x.shape[0], batch_size)])
+    sel = torch.cat([reader.encode(x[s:s + batch_size])[..., chosen] for s in range(0, x.shape[0], batch_size)])
     sel = sel.double().masked_fill(~counted[..., None], 0.0)  # [batch pos feature]
-    effects = feature_logit_effects(model, sae, chosen).double()
+    effects = direction_logit_effects(model, reader.directions(chosen)).double()
     n_logits = min(n_logits, effects.shape[-1])
     str_of = token_strings(model)
     for j, f in enumerate(chosen):
