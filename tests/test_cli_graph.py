@@ -37,8 +37,48 @@ def test_graph_command_writes_files_page_and_paths(transcoders, tmp_path, capsys
     assert not re.search(r"\b(src|href)\s*=", page) and "fetch(" not in page and "XMLHttpRequest" not in page
     assert set(re.findall(r"https?://[^\s'\"]+", page)) == {"http://www.w3.org/2000/svg"}
     embedded = re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S).group(1)
-    assert json.loads(embedded.replace("<\\/", "</"))["nodes"] == data["nodes"]
+    embedded = json.loads(embedded.replace("<\\/", "</"))
+    assert embedded["nodes"] == data["nodes"]
     assert (out / "notes.md").read_text() == "mine"
+    # every feature node has its details, found on the held-out text (not the training part)
+    from glassbox.cli.demo import HELDOUT_FRAC
+    from glassbox.train.data import split_text
+
+    features = {n["node_id"].rsplit("_", 1)[0] for n in data["nodes"] if n["feature_type"] == "cross layer transcoder"}
+    assert set(embedded["feature_details"]) == features and len(features) > 5
+    assert embedded["feature_text"] == "held-out data/austen.txt, first 4096 tokens (whole windows)"
+    heldout = split_text(open("data/austen.txt", encoding="utf-8").read(), HELDOUT_FRAC)[1]
+    shown = ["".join(c["tokens"]) for d in embedded["feature_details"].values() for c in d["contexts"]]
+    assert len(shown) > 20 and all(s.replace("<|endoftext|>", "") in heldout for s in shown)
+
+
+def test_contexts_text_is_the_text_the_features_are_read_on(transcoders, tmp_path):
+    """``--contexts-text``: the activations shown are the set's encoder on that text, by hand."""
+    from glassbox.interp.transcoders import load_circuit_tracer
+    from glassbox.models import HookedTransformer
+
+    text = tmp_path / "mine.txt"
+    text.write_text("Elizabeth walked to the window. Mr. Darcy read the letter twice, and then Elizabeth read it.")
+    out = tmp_path / "o"
+    assert main(["graph", "--transcoders", str(transcoders), "--prompt", PROMPT, "--out", str(out),
+                 "--contexts-text", str(text)]) == 0
+    page = (out / "graph.html").read_text()
+    embedded = json.loads(re.search(r'id="data">(.*?)</script>', page, re.S).group(1).replace("<\\/", "</"))
+    assert embedded["feature_text"] == "mine.txt, first 4096 tokens (whole windows)"
+    model = HookedTransformer.from_pretrained("glassbox-austen")
+    ts = load_circuit_tracer(transcoders)
+    ids = [model.bos_token_id] + model.tokenizer.encode(text.read_text(), add_special_tokens=False)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([ids]))
+    checked = 0
+    for key, d in embedded["feature_details"].items():
+        layer, f = map(int, key.split("_"))
+        x = cache[ts.feature_input_hook(layer)][0, 1:].double()  # BOS is not counted
+        hand = torch.relu(x @ ts.W_enc(layer)[:, f].detach().double() + ts.b_enc(layer)[f].detach().double())
+        assert abs(d["max_act"] - float(hand.max())) <= 2e-5  # float32 encode of d_model 192: measured 8.9e-7
+        assert d["frequency"] == pytest.approx(float((hand > 0).double().mean()), abs=1e-12)
+        checked += 1
+    assert checked > 5
 
 
 @pytest.mark.parametrize("extra,match", [
@@ -46,6 +86,7 @@ def test_graph_command_writes_files_page_and_paths(transcoders, tmp_path, capsys
     (["--transcoders", "glassbox-austen-plx"], "nor a set shipped.*glassbox-austen-plt"),
     (["--node-threshold", "1.5"], "not in \\[0, 1\\]"),
     (["--prompt", ""], None),
+    (["--contexts-text", "/nonexistent/t.txt"], "--contexts-text '/nonexistent/t.txt': no such file"),
 ])
 def test_mistakes_are_one_line_and_status_2(transcoders, tmp_path, capsys, extra, match):
     args = ["graph", "--transcoders", str(transcoders), "--prompt", PROMPT, "--out", str(tmp_path / "o"), *extra]
