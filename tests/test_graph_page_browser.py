@@ -43,6 +43,7 @@ PROBE = probe("""  try {
     out.contexts = Array.prototype.map.call(document.querySelectorAll("#details .ctx"), function (c) {
       return {row: +c.dataset.row, pos: +c.dataset.pos, act: +c.dataset.act,
               acts: Array.prototype.map.call(c.querySelectorAll(".tok"), function (t) { return +t.dataset.act; }),
+              text: Array.prototype.map.call(c.querySelectorAll(".tok"), function (t) { return t.textContent; }),
               top: Array.prototype.map.call(c.querySelectorAll(".tok"), function (t) { return t.classList.contains("top"); })};
     });
     var logits = function (cls) { return Array.prototype.map.call(document.querySelectorAll("#details ul." + cls + " li"),
@@ -110,7 +111,10 @@ def test_graph_page_in_headless_chromium(tmp_path):
     features = [n for n in data["nodes"] if n["feature_type"] == "cross layer transcoder"]
     feature = max(features, key=lambda n: len(details[n["node_id"].rsplit("_", 1)[0]]["contexts"]))
     group = [n["node_id"] for n in features[:2]]
-    page = graph_page(data, graph.n_layers, details=details, details_text="6 random windows")
+    shown_details = json.loads(json.dumps(details))  # the page's copy, with markup in one token's text
+    hostile = "</script><b>x</b>\n&amp;"
+    shown_details[feature["node_id"].rsplit("_", 1)[0]]["contexts"][0]["tokens"][0] = hostile
+    page = graph_page(data, graph.n_layers, details=shown_details, details_text="6 random windows")
     path = tmp_path / "probe.html"
     setup = f"<script>var FEATURE = {json.dumps(feature['node_id'])}, GROUP = {json.dumps(group)};</script>"
     path.write_text(page.replace("<head>", "<head>" + CAPTURE, 1).replace("</body>", setup + PROBE + "</body>", 1))
@@ -128,9 +132,12 @@ def test_graph_page_in_headless_chromium(tmp_path):
     layer, f, _ = map(int, feature["node_id"].split("_"))
     record = details[f"{layer}_{f}"]
     assert len(seen["contexts"]) == len(record["contexts"]) >= 2
-    for shown, c in zip(seen["contexts"], record["contexts"]):
+    page_record = shown_details[f"{layer}_{f}"]
+    for shown, c, p in zip(seen["contexts"], record["contexts"], page_record["contexts"]):
         assert (shown["row"], shown["pos"]) == (c["row"], c["pos"]) and shown["act"] == c["act"]
         assert shown["acts"] == c["acts"] and shown["top"].index(True) == c["pos"] - c["start"]
+        assert shown["text"] == [t.replace("\n", "\u21b5") for t in p["tokens"]]
+    assert seen["contexts"][0]["text"][0] == "</script><b>x</b>\u21b5&amp;"  # markup stays text
     assert seen["up"] == record["top_logits"] and seen["down"] == record["bottom_logits"]
     # ... and the embedded ones are a hand computation: relu(x W_enc + b_enc) at the input hook,
     _, cache = model.run_with_cache(text, names_filter=[ts.feature_input_hook(layer)])
