@@ -40,6 +40,9 @@ def test_cross_layer_logit_effects_sum_the_decoder_over_targets():
     hand = hand_acts(model, ts, 0, 0, TEXT)
     f = int(max(range(ts.d_transcoder), key=lambda j: float((hand_acts(model, ts, 0, j, TEXT) > 0).sum())))
     rec = feature_details(model, ts, nodes((0, f, 1)), TEXT, n_logits=6)[f"0_{f}"]
+    assert rec["decoder"] == "the sum of its decoder rows into layers 0..2"
+    assert feature_details(model, family_transcoders("gpt2"), nodes((1, f, 1)), TEXT)[f"1_{f}"]["decoder"] == \
+        "its decoder row into layer 1"
     summed = hand_effect(model, ts.decoder_weights(0)[f].sum(0))  # [n_targets d_model] summed over 3 targets
     first = hand_effect(model, ts.decoder_weights(0)[f, 0])
     up = summed.topk(6)

@@ -49,6 +49,7 @@ PROBE = probe("""  try {
     var logits = function (cls) { return Array.prototype.map.call(document.querySelectorAll("#details ul." + cls + " li"),
       function (li) { return [li.dataset.token, +li.dataset.value]; }); };
     out.up = logits("up"); out.down = logits("down");
+    out.details_text = document.getElementById("details").textContent;
     GROUP.forEach(function (id) { click(id, true); });
     out.chosen = document.querySelectorAll("circle.chosen").length;
     document.getElementById("label").value = "my <group>";
@@ -139,6 +140,7 @@ def test_graph_page_in_headless_chromium(tmp_path):
         assert shown["text"] == [t.replace("\n", "\u21b5") for t in p["tokens"]]
     assert seen["contexts"][0]["text"][0] == "</script><b>x</b>\u21b5&amp;"  # markup stays text
     assert seen["up"] == record["top_logits"] and seen["down"] == record["bottom_logits"]
+    assert f"of its decoder row into layer {layer}" in seen["details_text"] and "(6 random windows)" in seen["details_text"]
     # ... and the embedded ones are a hand computation: relu(x W_enc + b_enc) at the input hook,
     _, cache = model.run_with_cache(text, names_filter=[ts.feature_input_hook(layer)])
     x = cache[ts.feature_input_hook(layer)].double()

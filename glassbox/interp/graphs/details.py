@@ -3,7 +3,7 @@ its logit effects, computed by the feature dashboard's ``feature_summaries`` ove
 
 ``feature_details(model, ts, data, text_or_tokens)`` -> {"{layer}_{feature}": record} for every feature node
 in ``data`` (``frontend_json``'s pruned graph); a feature at several positions has one record. A record holds
-``frequency`` and ``max_act`` on the text, ``contexts`` (largest activation first: window ``row``, position
+``frequency`` and ``max_act`` on the text, ``decoder`` (which decoder the logit effects use, in words), ``contexts`` (largest activation first: window ``row``, position
 ``pos``, activation ``act``, the shown tokens from ``start`` and the activation at each) and ``top_logits`` /
 ``bottom_logits`` ([token, value] pairs).
 
@@ -67,11 +67,14 @@ def feature_details(model, ts, data: dict, text_or_tokens: Union[str, Tensor], n
     tokens = tokens[:max(1, -(-max_tokens // tokens.shape[1]))]
     details = {}
     for layer, features in graph_features(data).items():
+        targets = ts.targets(layer)
+        decoder = (f"the sum of its decoder rows into layers {targets[0]}..{targets[-1]}" if len(targets) > 1
+                   else f"its decoder row into layer {targets[0]}")
         summary = feature_summaries(model, transcoder_reader(model, ts, layer), tokens, features=features,
                                     n_contexts=n_contexts, context=context, n_logits=n_logits, batch_size=batch_size)
         for s in summary.features:
             details[f"{layer}_{s.feature}"] = dict(
-                layer=layer, feature=s.feature, frequency=s.frequency, max_act=s.max_act,
+                layer=layer, feature=s.feature, frequency=s.frequency, max_act=s.max_act, decoder=decoder,
                 contexts=[dict(row=c.row, pos=c.pos, act=c.act, start=c.start, tokens=c.tokens, acts=c.acts)
                           for c in s.contexts],
                 top_logits=[[t, v] for t, v in s.top_logits], bottom_logits=[[t, v] for t, v in s.bottom_logits])

@@ -86,7 +86,7 @@ c.act.toFixed(3)+'</span>'+c.tokens.map((t,i)=>'<span class="tok'+(c.start+i===c
 '" style="background:rgba(255,120,0,'+Math.max(0,Math.min(1,c.acts[i]/top)).toFixed(3)+')">'+esc(t.replace(/\\n/g,'\\u21b5'))+'</span>').join('')+'</div>').join('');
 const lg=(xs,cls)=>'<ul class="'+cls+'">'+xs.map(x=>'<li data-token="'+esc(x[0])+'" data-value="'+x[1]+'">'+esc(JSON.stringify(x[0]))+': '+x[1].toPrecision(4)+'</li>').join('')+'</ul>';
 el.innerHTML='<h4>top-activating contexts ('+esc(D.feature_text||'')+')</h4><p>active on '+(100*d.frequency).toFixed(2)+'% of positions; max '+
-d.max_act.toPrecision(4)+'</p><div class="contexts">'+(ctx||'<p>never active on this text</p>')+'</div><h4>logit effects (direct path)</h4><p>raises</p>'+
+d.max_act.toPrecision(4)+'</p><div class="contexts">'+(ctx||'<p>never active on this text</p>')+'</div><h4>logit effects (direct path)</h4><p class="lbl">of '+esc(d.decoder||'its decoder')+'</p><p>raises</p>'+
 lg(d.top_logits,'up')+'<p>lowers</p>'+lg(d.bottom_logits,'down')}
 function esc(s){return String(s).replace(/[&<>"]/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]))}
 document.getElementById('pin').onclick=()=>{if(selected&&!selected.members){pinned.has(selected.node_id)?pinned.delete(selected.node_id):pinned.add(selected.node_id);draw()}};
