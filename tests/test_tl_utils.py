@@ -303,6 +303,25 @@ def test_download_file_from_hf_reads_the_cache_only(monkeypatch, tmp_path):
         utils.download_file_from_hf("nobody/no-such-repo", "cfg.json", cache_dir=str(tmp_path))
 
 
+class _Payload:
+    """Anything torch.load would have to unpickle as code, not data."""
+
+
+def test_download_file_from_hf_loads_tensors_and_refuses_pickled_objects(monkeypatch, tmp_path):
+    """A .pth of tensors loads (weights_only); one holding an arbitrary object is refused naming the file,
+    where TransformerLens unpickles it."""
+    import huggingface_hub
+
+    data = {"W": torch.arange(6.0).reshape(2, 3), "n": 3}
+    torch.save(data, tmp_path / "good.pth")
+    torch.save({"obj": _Payload()}, tmp_path / "bad.pth")
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo_id, filename, **kw: str(tmp_path / filename))
+    loaded = utils.download_file_from_hf("someone/repo", "good.pth")
+    assert torch.equal(loaded["W"], data["W"]) and loaded["n"] == 3
+    with pytest.raises(ValueError, match=r"bad\.pth: holds objects other than tensors"):
+        utils.download_file_from_hf("someone/repo", "bad.pth")
+
+
 @pytest.mark.parametrize("fn", ["lm_cross_entropy_loss", "lm_accuracy"])
 def test_loss_and_accuracy_refuse_bad_shapes_and_ids_naming_them(fn):
     call = getattr(utils, fn)

@@ -178,7 +178,9 @@ def composition_scores(left, right, broadcast_dims: bool = True) -> torch.Tensor
 def download_file_from_hf(repo_name: str, file_name: str, subfolder: str = ".", cache_dir=None,
                           force_is_torch: bool = False, **kwargs):
     """A file from the local Hugging Face hub cache (never downloaded): a .pth (or ``force_is_torch``)
-    file loaded with torch, a .json file parsed, anything else its path."""
+    file loaded with ``torch.load(weights_only=True)`` (tensors and plain containers; a file that needs
+    arbitrary unpickling is refused, naming it, where TransformerLens unpickles it), a .json file parsed,
+    anything else its path."""
     from huggingface_hub import hf_hub_download
 
     try:
@@ -189,7 +191,13 @@ def download_file_from_hf(repo_name: str, file_name: str, subfolder: str = ".", 
                                 f"and glassbox does not download; fetch it with huggingface_hub.hf_hub_download "
                                 f"where there is network ({type(error).__name__})") from None
     if path.endswith(".pth") or force_is_torch:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        import pickle
+
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as error:
+            raise ValueError(f"{path}: holds objects other than tensors and plain containers, which glassbox "
+                             f"does not unpickle (torch.load(weights_only=True): {str(error).splitlines()[0]})") from None
     if path.endswith(".json"):
         with open(path) as f:
             return json.load(f)
