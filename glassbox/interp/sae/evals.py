@@ -57,6 +57,18 @@ def excluded_ids(model, exclude_special_tokens: Union[bool, Iterable[int]]) -> l
     return sorted(set(ids))
 
 
+def check_eval_args(tokens, batch_size, compute_ce_loss: bool) -> None:
+    """Refuse held-out windows that are not an integer [batch pos] tensor (of >= 2 tokens for the CE loss)
+    and a batch size that is not a whole number >= 1."""
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
+        raise ValueError(f"tokens must be an integer tensor [batch pos], got "
+                         f"{getattr(tokens, 'shape', type(tokens).__name__)}")
+    if compute_ce_loss and tokens.shape[1] < 2:
+        raise ValueError("the CE loss needs windows of at least 2 tokens")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+
+
 def stop_layer(hook_name: str, n_layers: int):
     parts = hook_name.split(".")
     if len(parts) > 2 and parts[0] == "blocks" and parts[1].isdigit():
@@ -117,13 +129,7 @@ def evaluate_sae(model, sae: SAE, tokens: Tensor, batch_size: int = 8,
     hook = sae.cfg.hook_name
     if hook not in model.hook_dict:
         raise KeyError(f"the SAE reads at {hook!r}, which this model does not have")
-    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
-        raise ValueError(f"tokens must be an integer tensor [batch pos], got "
-                         f"{getattr(tokens, 'shape', type(tokens).__name__)}")
-    if compute_ce_loss and tokens.shape[1] < 2:
-        raise ValueError("the CE loss needs windows of at least 2 tokens")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+    check_eval_args(tokens, batch_size, compute_ce_loss)
     ignore = torch.tensor(excluded_ids(model, exclude_special_tokens), dtype=torch.long)
     device = next(model.parameters()).device
     totals = _Totals(sae.cfg.d_sae, sae.device)

@@ -21,7 +21,7 @@ from typing import Iterable, Union
 import torch
 from torch import Tensor
 
-from ..sae.evals import excluded_ids
+from ..sae.evals import check_eval_args, excluded_ids
 from .set import TranscoderSet
 
 
@@ -65,13 +65,7 @@ def evaluate_transcoders(model, ts: TranscoderSet, tokens: Tensor, batch_size: i
     if not isinstance(ts, TranscoderSet):
         raise TypeError(f"evaluate_transcoders takes a TranscoderSet, got {type(ts).__name__}")
     ts.check_fits(model)
-    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
-        raise ValueError(f"tokens must be an integer tensor [batch pos], got "
-                         f"{getattr(tokens, 'shape', type(tokens).__name__)}")
-    if compute_ce_loss and tokens.shape[1] < 2:
-        raise ValueError("the CE loss needs windows of at least 2 tokens")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+    check_eval_args(tokens, batch_size, compute_ce_loss)
     ignore = torch.tensor(excluded_ids(model, exclude_special_tokens), dtype=torch.long)
     device = next(model.parameters()).device
     n = ts.n_layers

@@ -125,9 +125,31 @@ def train_sae(model, text_or_tokens: Union[str, torch.Tensor], hook_name: str, d
         trainer.run()
         return trainer.final_sae()
     out = Path(out)
-    settings = {"train_config": dataclasses.asdict(config), "dtype": str(dtype).replace("torch.", ""),
-                "tokens_sha256": digest([tokens]), "n_tokens": int(tokens.numel()),
-                "model_sha256": digest(p for _, p in sorted(model.state_dict().items()))}
+    settings = run_settings(model, tokens, config, dtype)
+    write_log = open_run(out, settings, resume, log)
+    checkpoint = out / CHECKPOINT
+    if resume and recover_checkpoint(checkpoint):
+        trainer = SAETrainer.resume(checkpoint, model, tokens, log=write_log, **kwargs)
+    else:  # built before anything is written: a bad argument leaves no folder behind
+        trainer = SAETrainer(model, tokens, config, dtype=dtype, metadata=metadata, checkpoint_dir=checkpoint,
+                             log=write_log, **kwargs)
+    start_run(out, settings, resume, trainer.step)
+    trainer.run()
+    sae = trainer.final_sae()
+    save_final(sae, out / SAE_FOLDER, sparsity=trainer.log_sparsity())
+    return sae
+
+
+def run_settings(model, tokens: torch.Tensor, config, dtype, **extra) -> dict:
+    """What a run folder records of its run, so that ``resume`` can refuse another one (``check_resume``)."""
+    return {"train_config": dataclasses.asdict(config), "dtype": str(dtype).replace("torch.", ""),
+            "tokens_sha256": digest([tokens]), "n_tokens": int(tokens.numel()),
+            "model_sha256": digest(p for _, p in sorted(model.state_dict().items())), **extra}
+
+
+def open_run(out: Path, settings: dict, resume: bool, log: Optional[Callable[[dict], None]]):
+    """Check ``out`` for a new run (a new or empty folder) or a resumed one (the same settings); returns the
+    function that appends a record to the run's log (and passes it to ``log``). Writes nothing."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"out={str(out)!r} is a file; name a new or empty folder")
     if resume:
@@ -141,20 +163,15 @@ def train_sae(model, text_or_tokens: Union[str, torch.Tensor], hook_name: str, d
         if log is not None:
             log(record)
 
-    checkpoint = out / CHECKPOINT
-    if resume and recover_checkpoint(checkpoint):
-        trainer = SAETrainer.resume(checkpoint, model, tokens, log=write_log, **kwargs)
-    else:  # built before anything is written: a bad argument leaves no folder behind
-        trainer = SAETrainer(model, tokens, config, dtype=dtype, metadata=metadata, checkpoint_dir=checkpoint,
-                             log=write_log, **kwargs)
+    return write_log
+
+
+def start_run(out: Path, settings: dict, resume: bool, step: int) -> None:
+    """Once the trainer is built: a new run writes its folder and settings; the log keeps steps <= ``step``."""
     if not resume:
         out.mkdir(parents=True, exist_ok=True)
         write_atomic(out / SETTINGS, json.dumps(settings, indent=2, sort_keys=True) + "\n")
-    trim_log(out / LOG, trainer.step)
-    trainer.run()
-    sae = trainer.final_sae()
-    save_final(sae, out / SAE_FOLDER, sparsity=trainer.log_sparsity())
-    return sae
+    trim_log(out / LOG, step)
 
 
 def check_resume(out: Path, settings: dict) -> None:

@@ -9,16 +9,13 @@ unless ``resume=True``.
 """
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Callable, Optional, Union
 
 import torch
 
-from ...fs import append_text
 from ..checkpoint import recover_checkpoint
-from ..rundir import trim_log, write_atomic
-from ..sae.api import CHECKPOINT, LOG, SETTINGS, check_resume, digest, resolve_bos, token_stream
+from ..sae.api import CHECKPOINT, open_run, resolve_bos, run_settings, start_run, token_stream
 from ..sae.trainer import default_ignore_ids
 from .config import TranscoderTrainConfig
 from .trainer import TranscoderTrainer
@@ -61,32 +58,15 @@ def train_transcoders(model, text_or_tokens: Union[str, torch.Tensor], input_hoo
     from ...interp.transcoders.circuit_tracer import save_circuit_tracer
 
     out = Path(out)
-    settings = {"train_config": dataclasses.asdict(config), "dtype": str(dtype).replace("torch.", ""),
-                "tokens_sha256": digest([tokens]), "n_tokens": int(tokens.numel()),
-                "model_sha256": digest(p for _, p in sorted(model.state_dict().items())), "kind": "transcoders"}
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"out={str(out)!r} is a file; name a new or empty folder")
-    if resume:
-        check_resume(out, settings)
-    elif out.is_dir() and any(out.iterdir()):
-        raise ValueError(f"out={str(out)!r} is not empty; pass resume=True to continue the run there, or "
-                         "name a new or empty folder")
-
-    def write_log(record: dict) -> None:
-        append_text(out / LOG, json.dumps(record) + "\n")
-        if log is not None:
-            log(record)
-
+    settings = run_settings(model, tokens, config, dtype, kind="transcoders")
+    write_log = open_run(out, settings, resume, log)
     checkpoint = out / CHECKPOINT
     if resume and recover_checkpoint(checkpoint):
         trainer = TranscoderTrainer.resume(checkpoint, model, tokens, log=write_log, metadata=metadata, **kwargs)
     else:
         trainer = TranscoderTrainer(model, tokens, config, dtype=dtype, metadata=metadata, checkpoint_dir=checkpoint,
                                     log=write_log, **kwargs)
-    if not resume:
-        out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / SETTINGS, json.dumps(settings, indent=2, sort_keys=True) + "\n")
-    trim_log(out / LOG, trainer.step)
+    start_run(out, settings, resume, trainer.step)
     trainer.run()
     ts = trainer.final_set()
     save_circuit_tracer(ts, out / SET_FOLDER, overwrite=True)
