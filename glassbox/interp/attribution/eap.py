@@ -35,7 +35,7 @@ points 1/m (``points=``):
 The two one-sided grids share m - 1 points: "paper" minus "eap-ig-code" is (the EAP scores minus the
 scores of the gradient at the corrupted end) / m, edge by edge, which is large at small m where the
 gradient differs between the two ends. Why "paper" is the default: it is the published definition,
-it reduces to EAP at m = 1, and on the README's induction circuit (5 steps) its top 7 edges reach
+it reduces to EAP at m = 1, and on the induction circuit of docs/attribution.md (5 steps) its top 7 edges reach
 faithfulness 0.982 where "eap-ig-code"'s reach 0.67 (``tests/test_eap_ig_grids.py`` has the
 formulas, the identity and the convergence of each).
 
