@@ -36,13 +36,21 @@ def test_xielu_hand_values():
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(alpha_p_init=0.0), "alpha_p_init"), (dict(alpha_n_init=0.5, beta_init=0.5), "alpha_n_init"),
+    (dict(alpha_p_init=-0.1), "alpha_p_init"), (dict(alpha_n_init=0.5, beta_init=0.6), "alpha_n_init"),
     (dict(eps=1e-3), "eps"), (dict(beta_init=float("nan")), "beta_init"), (dict(alpha_p_init="1"), "alpha_p_init"),
     (dict(eps=True), "eps"),
 ])
 def test_xielu_refuses_values_it_cannot_represent(kwargs, field):
     with pytest.raises(ValueError, match=field):
         XIELU(**kwargs)
+
+
+def test_xielu_at_the_edges_of_its_parameters():
+    # alpha_n_init == beta_init stores alpha_n as -inf (softplus 0): alpha_n = beta exactly, output finite
+    act = XIELU(alpha_p_init=1.0, alpha_n_init=1.0, beta_init=1.0, eps=-1e-6, dtype=torch.float64)
+    x = torch.tensor([-3.0, -1.0, 0.0, 2.0], dtype=torch.float64)
+    want = xielu(x, alpha_p=1.0, alpha_n=1.0, beta=1.0)
+    assert torch.isfinite(act(x)).all() and (act(x) - want).abs().max().item() <= 1e-15  # measured 0
 
 
 def test_alibi_against_bloom_for_power_of_two_heads():

@@ -6,7 +6,8 @@
 ``xielu(x)`` is the function at fixed values (alpha_p = alpha_n = 0.8, beta = 0.5, eps = -1e-6, the
 paper's initialisation). ``XIELU`` is the trainable module, parameterised as ``transformers``'
 ``XIELUActivation``: ``alpha_p`` and ``alpha_n`` are stored before a softplus (alpha_p =
-softplus(alpha_p_raw), alpha_n = beta + softplus(alpha_n_raw), so alpha_n > beta always), ``beta`` and
+softplus(alpha_p_raw), alpha_n = beta + softplus(alpha_n_raw), so alpha_n >= beta always; an initial
+alpha_n equal to beta is stored as -inf, as in transformers), ``beta`` and
 ``eps`` are buffers. Differences from transformers' module: the parameters are 0-dim (transformers':
 shape [1]) and float32 by default (transformers': bfloat16), and there is no fused CUDA kernel.
 
@@ -41,11 +42,11 @@ class XIELU(nn.Module):
         super().__init__()
         alpha_p_init, alpha_n_init = _number("alpha_p_init", alpha_p_init), _number("alpha_n_init", alpha_n_init)
         beta_init, eps = _number("beta_init", beta_init), _number("eps", eps)
-        # softplus only reaches (0, inf): outside it the inverse is nan or -inf, and the module would compute nan
-        if alpha_p_init <= 0:
-            raise ValueError(f"XIELU: alpha_p_init must be > 0 (alpha_p = softplus(.) > 0), got {alpha_p_init}")
-        if alpha_n_init <= beta_init:
-            raise ValueError(f"XIELU: alpha_n_init must be > beta_init (alpha_n = beta + softplus(.)), got "
+        # softplus reaches [0, inf) (0 as the stored value -inf): below it the inverse is nan, and so the output
+        if alpha_p_init < 0:
+            raise ValueError(f"XIELU: alpha_p_init must be >= 0 (alpha_p = softplus(.) >= 0), got {alpha_p_init}")
+        if alpha_n_init < beta_init:
+            raise ValueError(f"XIELU: alpha_n_init must be >= beta_init (alpha_n = beta + softplus(.)), got "
                              f"alpha_n_init={alpha_n_init}, beta_init={beta_init}")
         if eps > 0:
             raise ValueError(f"XIELU: eps must be <= 0 (it caps the negative branch), got {eps}")
