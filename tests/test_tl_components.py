@@ -32,6 +32,15 @@ def test_constructors_take_a_dict_or_a_config_with_transformer_lens_shapes():
     assert sorted(gqa.state_dict())[:4] == ["IGNORE", "W_O", "W_Q", "_W_K"] and gqa._W_K.shape == (3, 30, 5)
 
 
+def test_a_legacy_full_mask_loads_and_other_masks_are_refused():
+    attn = filled(C.Attention(CFG))
+    sd = attn.state_dict()
+    assert attn.load_state_dict({**sd, "mask": torch.ones(16, 16, dtype=torch.bool).tril()}, strict=True)
+    assert attn.mask.shape == (0, 0)
+    with pytest.raises(RuntimeError, match="mask"):
+        attn.load_state_dict({**sd, "mask": torch.ones(16, 16)})  # a float mask is no causal buffer
+
+
 def test_attention_ignores_n_key_value_heads_as_transformer_lens():
     attn = C.Attention(dict(CFG, n_heads=6, d_head=5, n_key_value_heads=2))
     assert attn.W_K.shape == (6, 30, 5)

@@ -6,7 +6,8 @@ additive_attention_mask=None, attention_mask=None, position_bias=None)``, and co
 ``glassbox.models.Attention`` (their base class too): same parameters (W_Q [head d_model d_head],
 W_O [head d_head d_model], b_Q, b_K, b_V, b_O), hook points (hook_q, hook_k, hook_v,
 hook_attn_scores, hook_pattern, hook_z, hook_result under ``cfg.use_attn_result``), the ``mask`` and
-``IGNORE`` buffers of TransformerLens's state dict, and ``OV``/``QK``. Inputs of [batch pos head
+``IGNORE`` buffers of TransformerLens's state dict (TransformerLens 3.2's full [n_ctx n_ctx] mask loads
+too, and is dropped: no forward reads it), and ``OV``/``QK``. Inputs of [batch pos head
 d_model] are per-head inputs (TransformerLens's ``use_split_qkv_input``), whatever the flag says.
 
 ``isinstance`` follows TransformerLens: a glassbox model's attention is an ``AbstractAttention``, and
@@ -109,6 +110,14 @@ class TLAttention(AbstractAttention, _GlassboxAttention, metaclass=_AttentionMet
         """TransformerLens's [0 0] ``mask`` buffer (never read: each forward builds its causal mask); a
         buffer, so assigning a tensor replaces it (nn.Module's rule), as in TransformerLens."""
         return self._buffers["mask"]
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # TransformerLens 3.2 saved a full [n_ctx n_ctx] causal ``mask``; no forward reads it, so a 2-D bool
+        # mask of another shape is taken as that buffer and the [0 0] placeholder kept (as TransformerLens 3.9)
+        saved = state_dict.get(prefix + "mask")
+        if isinstance(saved, Tensor) and saved.dtype == torch.bool and saved.ndim == 2 and saved.shape != self.mask.shape:
+            state_dict = {**state_dict, prefix + "mask": self.mask}
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, query_input: Tensor, key_input: Tensor, value_input: Tensor, past_kv_cache_entry=None,
                 additive_attention_mask: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
