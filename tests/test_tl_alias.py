@@ -65,7 +65,7 @@ TL_PATHS = {
     "components.embed": "Embed", "components.pos_embed": "PosEmbed", "components.unembed": "Unembed",
     "components.layer_norm": "LayerNorm", "components.rms_norm": "RMSNorm",
     "components.transformer_block": "TransformerBlock", "components.mlps.mlp": "MLP",
-    "components.mlps.gated_mlp": "GatedMLP", "utilities.activation_functions": "gelu_new",
+    "components.mlps.gated_mlp": "GatedMLP", "utilities.activation_functions": "xielu", "utilities.attention": "complex_attn_linear",
     "utilities.components_utils": "get_act_name", "utilities.defaults_utils": "override_or_use_default_value",
     "utilities.devices": "get_device", "utilities.exploratory_utils": "test_prompt",
     "utilities.hf_utils": "keep_single_column", "utilities.initialization_utils": "init_kaiming_normal_",

@@ -39,7 +39,7 @@ def test_tl_kwargs_build_the_glassbox_config():
                       gated_mlp=True, layer_norm_eps=1e-6, init_range=0.8 / 24 ** 0.5, normalization="RMS",
                       positional="rotary", rotary_dim=8, rotary_base=500.0, rotary_style="interleaved",
                       use_bias=True, tied_unembed=False, unembed_bias=True, default_prepend_bos=False,
-                      model_name="toy")
+                      model_name="toy", gated_mlp_bias="product")  # TransformerLens's GatedMLP: b_in after the gate
     assert cfg.glassbox == expected
     # TransformerLens's derived fields: n_heads = d_model // d_head, d_mlp = 4 d_model, n_params counts
     # W_Q, W_K, W_V, W_O and the MLP's three matrices, attn_scale = sqrt(d_head).

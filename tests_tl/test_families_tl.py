@@ -94,8 +94,6 @@ def perturbed_tl(case) -> "TL.HookedTransformer":
             noise = torch.randn(param.shape, generator=generator, dtype=param.dtype)
             if name.endswith(".w"):  # norm weights away from 1
                 param.add_(0.3 * noise)
-            elif name.endswith("mlp.b_in") and model.cfg.gated_mlp:
-                continue  # TransformerLens adds a gated MLP's b_in after the product, glassbox before it
             elif name.split(".")[-1].startswith(("b", "_b")):
                 param.copy_(0.2 * noise)
             else:  # sharp attention, so a wrong head, window or rotation moves the logits

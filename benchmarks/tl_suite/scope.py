@@ -36,6 +36,8 @@ COMMON = [
     ("tests/unit/pretrained_weight_conversions", INTERNALS),
     ("tests/unit/factories", INTERNALS),
     ("tests/unit/components/mlps/test_moe.py", INTERNALS + " (MoE, which glassbox refuses)"),
+    # 2.18's name for 3.9's test_gpt_oss_moe_component.py: GPT-OSS's mixture-of-experts MLP component
+    ("tests/unit/components/mlps/test_gpt_oss_moe.py", INTERNALS + " (MoE, which glassbox refuses)"),
     ("tests/unit/test_gemma3_config.py", "tests TransformerLens's table of per-name configs with "
      "loading_from_pretrained.AutoConfig mocked; glassbox reads each model's config.json (its named-model "
      "loading machinery is out of scope, README)"),

@@ -8,7 +8,8 @@ accepts are not here, because they carry learned parameters an MLP weight file w
 
 "gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh" and "gelu_accurate" are one function (the tanh
 approximation), "gelu_fast" the same approximation in its factored form; "gelu" and "gelu_python"
-the exact erf form; "swish" is "silu".
+the exact erf form; "swish" is "silu". ``solu`` (x * softmax(x) over d_mlp, TransformerLens's) is
+defined here but has no name in ``ACTIVATIONS``: transformers has none, and it is not elementwise.
 """
 
 import math
@@ -59,6 +60,11 @@ def mish(x: Tensor) -> Tensor:
 
 def sqrtsoftplus(x: Tensor) -> Tensor:
     return F.softplus(x).sqrt()
+
+
+def solu(x: Tensor) -> Tensor:
+    """SoLU (https://transformer-circuits.pub/2022/solu/index.html): x * softmax(x) over the last axis."""
+    return x * F.softmax(x, dim=-1)
 
 
 def linear(x: Tensor) -> Tensor:

@@ -9,6 +9,8 @@ Per-head inputs: ``x`` may be [batch pos head d_model] (one input per head, as t
 the hook flags ``use_attn_in`` and ``use_split_qkv_input``; ``k_input``/``v_input`` then give the keys'
 and values' own inputs). Each head's q, k and v are then computed from its own input, one batched
 product per head; with equal inputs they agree with the fused projection to float rounding.
+``k_input``/``v_input`` may also be shared [batch pos d_model] inputs of their own (TransformerLens's
+standalone attention takes query, key and value inputs).
 
 With the flag ``use_attn_result``, ``hook_result`` [batch pos head d_model] holds each head's
 z[h] @ W_O[h], and the output is their sum over heads plus b_O (again equal to the fused W_O product
@@ -134,12 +136,13 @@ class Attention(nn.Module):
         positions: Optional[Int[Tensor, "batch pos"]] = None,
         attn_mask: Optional[Tensor] = None,
         kv: Optional[LayerKV] = None,
-        k_input: Optional[Float[Tensor, "batch pos kv_head d_model"]] = None,
-        v_input: Optional[Float[Tensor, "batch pos kv_head d_model"]] = None,
+        k_input: Optional[Union[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos kv_head d_model"]]] = None,
+        v_input: Optional[Union[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos kv_head d_model"]]] = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         q = self.hook_q(self.project(x, self.W_Q, self.b_Q))
-        k = self.project_kv(x if k_input is None else k_input, self.W_K, self.b_K)
-        v = self.project_kv(x if v_input is None else v_input, self.W_V, self.b_V)
+        W_K, b_K, W_V, b_V = self.kv_weights()
+        k = self.project_kv(x if k_input is None else k_input, W_K, b_K)
+        v = self.project_kv(x if v_input is None else v_input, W_V, b_V)
         if self.cfg.ungroup_grouped_query_attention and k.shape[2] != self.cfg.n_heads:
             k, v = self.ungroup(k), self.ungroup(v)
         k, v = self.hook_k(k), self.hook_v(v)
@@ -153,6 +156,11 @@ class Attention(nn.Module):
             return self.per_head_output(z)
         flat_W_O = self.W_O.reshape(-1, self.cfg.d_model)
         return linear(z.reshape(*z.shape[:2], -1), flat_W_O, self.b_O)
+
+    def kv_weights(self) -> tuple:
+        """W_K, b_K, W_V, b_V as stored: [kv_head d_model d_head] and [kv_head d_head] (a subclass that
+        names them otherwise, as TransformerLens's grouped attention does, says where they are)."""
+        return self.W_K, self.b_K, self.W_V, self.b_V
 
     def project_kv(self, x: Tensor, W: Tensor, b: Optional[Tensor]) -> Tensor:
         """Keys or values from the shared input, one input per kv head, or (ungrouped, with

@@ -36,6 +36,8 @@ The options of today's model families (each defaults to GPT-2's behaviour):
 - scale_embed: token embeddings times sqrt(d_model), the factor rounded to the model's dtype (Gemma).
 - norm_placement "sandwich": x + norm_post(f(norm(x))) (Gemma 2 and 3: ln1, ln1_post, ln2, ln2_post);
   "output": x + norm(f(x)) (OLMo 2: ln1 and ln2 normalise the sublayers' outputs).
+- gated_mlp_bias: "inputs" (b_gate and b_in on the gated MLP's two projections, as transformers) |
+  "product" (no b_gate; b_in added to act(gate) * linear, TransformerLens's GatedMLP); see gated_mlp.py.
 - parallel_ln2: in a parallel block the MLP reads its own norm ln2(resid_pre) (GPT-NeoX), not ln1's
   output (GPT-J).
 
@@ -60,6 +62,7 @@ ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn")
 POSITIONALS = ("learned", "sinusoidal", "rotary")
 ROTARY_STYLES = ("interleaved", "half")
 INIT_SCHEMES = ("gpt2", "truncated_normal")
+GATED_MLP_BIASES = ("inputs", "product")
 # Above any context length in use; a config past it is a typo or a sentinel, refused by name.
 MAX_N_CTX = 2**31
 
@@ -109,6 +112,7 @@ class Config:
     norm_weight_offset: float = 0.0
     scale_embed: bool = False
     parallel_ln2: bool = False
+    gated_mlp_bias: str = "inputs"
 
     def __post_init__(self):
         for name in ("d_model", "n_layers", "n_heads", "d_vocab", "n_ctx"):
@@ -173,6 +177,7 @@ class Config:
                 raise ValueError(f"Config.{name} must be a bool, got {getattr(self, name)!r}")
         _positive_number(self, "attn_scale", "None for 1/sqrt(d_head)")
         _one_of(self, "qk_norm", QK_NORMS)
+        _one_of(self, "gated_mlp_bias", GATED_MLP_BIASES)
         for name in ("attn_scores_soft_cap", "output_logits_soft_cap"):
             _positive_number(self, name, "None for no cap")
         if self.attn_types is not None:

@@ -26,15 +26,14 @@ ALIAS = "transformer_lens"
 # works; the names are what each path provides (tests check them against TransformerLens 3.9).
 MODULE_PATHS = {
     "HookedTransformerConfig": ("config.hooked_transformer_config", ["HookedTransformerConfig"]),  # 2.x
-    "components.attention": ("components", ["Attention"]),
     "components.embed": ("components", ["Embed"]),
     "components.unembed": ("components", ["Unembed"]),
     "components.layer_norm": ("components", ["LayerNorm"]),
     "components.rms_norm": ("components", ["RMSNorm"]),
     "components.transformer_block": ("components", ["TransformerBlock"]),
-    "components.mlps.mlp": ("components.mlps", ["MLP"]),
-    "components.mlps.gated_mlp": ("components.mlps", ["GatedMLP"]),
-    "utilities.activation_functions": ("utils", ["gelu_new"]),
+    "utilities.activation_functions": ("_activation_functions", ["gelu_new", "solu", "xielu", "XIELU",
+                                                                 "SUPPORTED_ACTIVATIONS", "apply_softcap"]),
+    "utilities.attention": ("_attention_utils", ["simple_attn_linear", "complex_attn_linear"]),
     "utilities.components_utils": ("utils", ["get_act_name"]),
     "utilities.defaults_utils": ("utils", ["override_or_use_default_value"]),
     "utilities.devices": ("utils", ["get_device"]),
@@ -85,5 +84,6 @@ def as_transformer_lens():
     # TransformerLens 3.x's own modules import its helpers as transformer_lens.utilities.
     sys.modules[ALIAS + ".utilities"] = package.utils
     for path, (target, _) in MODULE_PATHS.items():
-        sys.modules[f"{ALIAS}.{path}"] = modules[f"{package.__name__}.{target}"]
+        # a private module (``_attention_utils``) is registered only under the TransformerLens path
+        sys.modules[f"{ALIAS}.{path}"] = importlib.import_module(f"{package.__name__}.{target}")
     return package

@@ -27,6 +27,8 @@ from ..interp.prompts import format_prompt_report, prompt_report
 from ..interp.tensor_utils import get_corner, is_lower_triangular, is_square, remove_batch_dim, to_numpy, transpose
 from ..interp.token_masks import pad_attention_mask, remove_bos
 from ..models.mlp import gelu_new
+from ._activation_functions import ACTIVATION_FN_DICT, XIELU, solu, xielu
+from ._attention_utils import complex_attn_linear, simple_attn_linear
 from ..models.transformer import lm_loss
 from ..train import param_init
 from ..train.datasets import cached_hf_dataset, keep_column, pack_hf_dataset, pack_texts
@@ -34,6 +36,7 @@ from ..train.datasets import cached_hf_dataset, keep_column, pack_hf_dataset, pa
 USE_DEFAULT_VALUE = None
 
 __all__ = [
+    "ACTIVATION_FN_DICT", "XIELU", "complex_attn_linear", "simple_attn_linear", "solu", "xielu",
     "Slice", "SliceInput", "USE_DEFAULT_VALUE", "calc_fan_in_and_fan_out", "composition_scores",
     "download_file_from_hf", "gelu_new", "get_act_name", "get_attention_mask", "get_corner", "get_dataset",
     "get_device", "get_input_with_manually_prepended_bos",

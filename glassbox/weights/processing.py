@@ -140,8 +140,10 @@ def _fold_norm(sd: dict, cfg: Config, norm: str, readers: list) -> None:
         bias_key = _bias_key(key)
         if b is not None and bias_key not in sd and bias_key != "unembed.b_U":
             option = "qkv_bias" if ".attn." in key else "mlp_bias"
-            raise ValueError(f"fold_ln cannot fold {norm}.b into {key}: the model has no {bias_key} "
-                             f"(Config.{option}=False while the LayerNorms have biases)")
+            why = (f"Config.gated_mlp_bias='product' adds b_in after the gate, so no bias sits on {key}"
+                   if cfg.gated_mlp and cfg.gated_mlp_bias == "product" and ".mlp." in key
+                   else f"Config.{option}=False while the LayerNorms have biases")
+            raise ValueError(f"fold_ln cannot fold {norm}.b into {key}: the model has no {bias_key} ({why})")
     for key in readers:
         W, bias_key = sd[key], _bias_key(key)
         # The d_model axis of each reader: W_Q [head d_model d_head], W_in [d_model d_mlp], W_U_T [d_vocab d_model].

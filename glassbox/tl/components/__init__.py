@@ -1,10 +1,20 @@
-"""TransformerLens's ``components``: glassbox's components under TransformerLens's names (for imports
-and isinstance checks; build models through HookedTransformer, not component by component)."""
+"""TransformerLens's ``components``: its classes under its names.
 
-from ...models import (Attention, Embed, GatedMLP, LayerNorm, MLP, RMSNorm, TransformerBlock,
-                       Unembed)
+``Attention``, ``GroupedQueryAttention`` (and their base ``AbstractAttention``), ``MLP``, ``GatedMLP``
+(and ``CanBeUsedAsMLP``) are built on their own from a TransformerLens config with TransformerLens's
+constructors and forwards, computing with glassbox's modules (their base classes); a glassbox model's
+own attentions and MLPs are instances of them for ``isinstance``. ``Embed``, ``Unembed``,
+``LayerNorm``, ``RMSNorm`` and ``TransformerBlock`` are glassbox's classes (for imports and isinstance
+checks; build those through HookedTransformer).
+"""
+
+from ...models import Embed, LayerNorm, RMSNorm, TransformerBlock, Unembed
 from . import mlps
+from .abstract_attention import AbstractAttention
+from .attention import Attention
+from .grouped_query_attention import GroupedQueryAttention
+from .mlps import CanBeUsedAsMLP, GatedMLP, MLP
 from .pos_embed import PosEmbed
 
-__all__ = ["Attention", "Embed", "GatedMLP", "LayerNorm", "MLP", "PosEmbed", "RMSNorm", "TransformerBlock",
-           "Unembed", "mlps"]
+__all__ = ["AbstractAttention", "Attention", "CanBeUsedAsMLP", "Embed", "GatedMLP", "GroupedQueryAttention",
+           "LayerNorm", "MLP", "PosEmbed", "RMSNorm", "TransformerBlock", "Unembed", "mlps"]

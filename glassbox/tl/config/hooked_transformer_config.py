@@ -127,6 +127,8 @@ def _config(values, act_fn, norm, positional, rotary, extra) -> Config:
         # TransformerLens's HookedTransformer has every bias and a separate W_U with b_U.
         use_bias=True, tied_unembed=False, unembed_bias=True, init_scheme="gpt2",
         default_prepend_bos=values["default_prepend_bos"], model_name=values["model_name"], **extra,
+        # TransformerLens's GatedMLP has no b_gate and adds b_in to the gated product
+        gated_mlp_bias="product" if values["gated_mlp"] else "inputs",
         **family_options(values))
 
 
@@ -257,6 +259,12 @@ class HookedTransformerConfig(Config):
             raise ValueError("this HookedTransformerConfig has no d_vocab yet (d_vocab=-1): give d_vocab, or build "
                              "HookedTransformer(cfg, tokenizer=...) to take it from the tokenizer")
         return self._glassbox
+
+    def component_glassbox(self) -> Config:
+        """The glassbox Config for one component built standalone (``Attention(cfg)``, ``MLP(cfg)``): the
+        model's, or, while d_vocab is not known (-1), the same fields with a placeholder vocabulary,
+        which no attention or MLP reads."""
+        return self._glassbox if self._glassbox is not None else to_glassbox({**self._values, "d_vocab": 1})
 
     def _sync(self) -> None:
         """Copy the glassbox Config's fields onto this object (shadowing Config's class defaults)."""
