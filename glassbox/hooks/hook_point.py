@@ -107,6 +107,13 @@ class HookHandle:
                 return
 
 
+def _torch_global_hooks() -> bool:
+    """Whether torch has module hooks registered for every module (``nn.modules.module.register_module_*``)."""
+    m = nn.modules.module
+    return bool(getattr(m, "_global_forward_hooks", None) or getattr(m, "_global_forward_pre_hooks", None)
+                or getattr(m, "_global_backward_hooks", None) or getattr(m, "_global_backward_pre_hooks", None))
+
+
 class HookPoint(nn.Module):
     """Identity at a named point of the forward pass. ``name`` is set by the root model."""
 
@@ -120,7 +127,11 @@ class HookPoint(nn.Module):
 
     @property
     def has_hooks(self) -> bool:
-        return bool(self.fwd_hooks) or bool(self.bwd_hooks)
+        """True when anything would see this point's value: glassbox hooks, or torch's own module hooks
+        (``register_forward_hook`` on this point, or a global ``register_module_forward_hook``), so the
+        fused paths that skip an unhooked point (attention's kernel, a norm's scale) never skip one."""
+        return bool(self.fwd_hooks or self.bwd_hooks or self._forward_hooks or self._forward_pre_hooks
+                    or self._backward_hooks or self._backward_pre_hooks or _torch_global_hooks())
 
     def add_hook(self, hook: HookFn, dir: str = "fwd", is_permanent: bool = False,
                  level: Optional[int] = None, prepend: bool = False) -> HookHandle:
