@@ -179,7 +179,7 @@ def test_bfloat16_matches_gpt_neo_in_bfloat16(tokens):
 @pytest.mark.parametrize("field, value, message", [
     ("activation_function", "gelu_nwe", r"activation_function 'gelu_nwe' is not supported.*did you mean"),
     ("activation_function", "xielu", r"activation_function 'xielu' is not supported"),
-    ("layer_types", ["full_attention"] * 3, r"layer_types=.*never layer_types"),
+    ("layer_types", ["full_attention"] * 3, r"layer_types=.*does not read layer_types.*attention_layers=\['global', 'local', 'local'\]"),
     ("attention_layers", ["global", "sparse", "local"], r"attention_types=.*gives \['global', 'sparse', 'local'\]"),
 ])
 def test_refused_config_fields_name_the_field(field, value, message, tmp_path):

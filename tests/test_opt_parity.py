@@ -217,7 +217,7 @@ def test_pre_ln_model_exports_as_gpt2_with_the_same_logits(tokens):
     ("_remove_final_layer_norm", True, r"_remove_final_layer_norm=True with do_layer_norm_before=True"),
     ("activation_function", "rleu", r"activation_function 'rleu' is not supported.*did you mean .relu."),
     ("activation_function", "prelu", r"activation_function 'prelu' is not supported"),
-    ("layer_types", ["sliding_attention"] * 3, r"layer_types=.*does not read layer_types"),
+    ("layer_types", ["full_attention", "sliding_attention", "full_attention"], r"layer_types=.*does not read layer_types"),
 ])
 def test_refused_config_fields_name_the_field(field, value, message, tmp_path):
     from transformers import OPTConfig

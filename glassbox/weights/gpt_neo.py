@@ -16,7 +16,7 @@ learned positions and a tied unembedding without bias. Two things differ from GP
 Positions are 0, 1, ... in transformers whatever the attention mask; glassbox counts real tokens
 (``models/masks.py``), so a left-padded batch agrees with transformers given the same position_ids.
 Refused, naming the field: an activation glassbox does not compute, a ``layer_types`` field (which
-GPT-Neo does not read). Every tensor's shape is checked; the causal-mask buffers older checkpoints
+GPT-Neo does not read) that disagrees with attention_layers. Every tensor's shape is checked; the causal-mask buffers older checkpoints
 saved are ignored.
 """
 
@@ -28,6 +28,7 @@ from ..models import Config
 from ..models.activations import ACTIVATIONS, PARAMETRISED_ACTIVATIONS
 from .family import Architecture, options_beyond
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
+from .layer_types import layer_types_of
 
 NEO_SHAPE = dict(normalization="LN", norm_placement="pre", positional="learned", gated_mlp=False, use_bias=True,
                  qkv_bias=False, attn_out_bias=True, mlp_bias=True, unembed_bias=False, parallel_attn_mlp=False,
@@ -41,6 +42,7 @@ NEO_CONFIG_FIELDS = {
 NEO_WEIGHT_LAYOUT = ("num_layers", r"(?:transformer\.)?h\.(\d+)\.",
                      [(("transformer.wte.weight",), ("vocab_size", "hidden_size")),
                       (("transformer.wpe.weight",), ("max_position_embeddings", "hidden_size"))])
+LAYER_NAMES = {"global": "full_attention", "local": "sliding_attention"}  # layer_types' names
 # Causal and local-mask buffers that older checkpoints saved.
 NEO_IGNORED = (r"transformer\.h\.\d+\.attn\.attention\.(masked_)?bias",)
 
@@ -56,13 +58,14 @@ def config_from_neo(hf_config) -> Config:
         raise ValueError(f"GPT-Neo activation_function {act!r} is not supported (glassbox computes "
                          f"{', '.join(a for a in ACTIVATIONS if a not in PARAMETRISED_ACTIVATIONS)})"
                          + did_you_mean(act, ACTIVATIONS))
-    if getattr(hf_config, "layer_types", None) is not None:
-        raise ValueError(f"GPT-Neo layer_types={hf_config.layer_types!r}: transformers' GPT-Neo reads its layers' "
-                         "attention from attention_types, never layer_types; remove the field")
     layers = list(hf_config.attention_layers)
     if len(layers) != hf_config.num_layers or any(t not in ("global", "local") for t in layers):
         raise ValueError(f"GPT-Neo attention_types={hf_config.attention_types!r} gives {layers}: one of 'global', "
                          f"'local' for each of num_layers={hf_config.num_layers} layers is needed")
+    types = layer_types_of(hf_config, "GPT-Neo")
+    if types is not None and types != [LAYER_NAMES[t] for t in layers]:
+        raise ValueError(f"GPT-Neo layer_types={types}: transformers' GPT-Neo model does not read layer_types (its "
+                         f"layers are attention_layers={layers}); remove layer_types or make it agree")
     local = "local" in layers
     return Config(
         d_model=hf_config.hidden_size, n_layers=hf_config.num_layers, n_heads=hf_config.num_heads,

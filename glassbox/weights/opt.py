@@ -17,7 +17,8 @@ theirs: qkv_bias = attn_out_bias = mlp_bias = False); ``layer_norm_elementwise_a
 without weights: loaded as weight 1 and bias 0, which compute the same bits); an untied lm_head.
 Refused, naming the field: ``word_embed_proj_dim`` != hidden_size (OPT-350m's project_in/project_out
 around the blocks: folding them into W_E and W_U would round differently), ``_remove_final_layer_norm``
-on a pre-LN model (a pre-norm block without the final norm), an activation glassbox does not compute.
+on a pre-LN model (a pre-norm block without the final norm), an activation glassbox does not compute,
+and a ``layer_types`` with sliding layers (OPT's model never reads it: ``layer_types.py``).
 
 Footgun: an OPT model's Config is also a GPT-2 one (pre-LN, learned positions, biases), so ``to_hf``
 and ``save_pretrained`` write it as GPT2LMHeadModel, which computes the same logits; ``glassbox_to_opt``
@@ -33,6 +34,7 @@ from ..models import Config
 from ..models.activations import ACTIVATIONS, PARAMETRISED_ACTIVATIONS
 from .family import Architecture, options_beyond
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
+from .layer_types import attn_types_from
 
 OFFSET = 2  # transformers' OPTLearnedPositionalEmbedding.offset
 LN_EPS = 1e-5  # nn.LayerNorm's default, which OPT's layers and final norm use
@@ -71,9 +73,7 @@ def config_from_opt(hf_config) -> Config:
     if pre and getattr(hf_config, "_remove_final_layer_norm", False):
         raise ValueError("OPT _remove_final_layer_norm=True with do_layer_norm_before=True (a pre-LN model without "
                          "its final norm) is not computed by glassbox")
-    if getattr(hf_config, "layer_types", None) is not None:
-        raise ValueError(f"OPT layer_types={hf_config.layer_types!r}: transformers' OPT model attends to every "
-                         "position in every layer and does not read layer_types; remove the field")
+    attn_types_from(hf_config, "OPT", "opt")  # its model never reads layer_types: checks the field
     bias = bool(hf_config.enable_bias)
     return Config(
         d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers, n_heads=hf_config.num_attention_heads,
