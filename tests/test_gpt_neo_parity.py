@@ -86,7 +86,7 @@ def test_config_maps_to_gpt_neo_options():
     assert (cfg.attn_types, cfg.window_size, cfg.attn_scale, cfg.upcast_attn) == (
         ("global", "local", "local"), 4, 1.0, True)
     assert (cfg.qkv_bias, cfg.attn_out_bias, cfg.mlp_bias, cfg.unembed_bias, cfg.tied_unembed, cfg.d_mlp) == (
-        False, True, True, False, True, 37)
+        True, True, True, False, True, 37)  # q/k/v biases: zeros, as TransformerLens loads them
     glob = config_from_neo(make_hf_neo(**CONFIGS["all_global"]).config)
     assert (glob.attn_types, glob.window_size) == (None, None)
 
@@ -140,8 +140,16 @@ def test_round_trip_ours_neo_ours_is_exact(hf_neo):
 
 
 def test_model_level_from_hf_to_hf_and_folders(hf_neo, tokens, tmp_path):
-    from transformers import GPTNeoForCausalLM
+    from transformers import GPT2LMHeadModel, GPTNeoForCausalLM
 
+    if "local" not in hf_neo.config.attention_layers:
+        # documented footgun: with no local layer the Config is also GPT-2's (scale_attn_weights=False,
+        # reorder_and_upcast_attn), which computes the same logits: measured 0.0; bound 2e-5
+        exported = HookedTransformer.from_hf(hf_neo).to_hf()
+        assert isinstance(exported, GPT2LMHeadModel)
+        with torch.no_grad():
+            torch.testing.assert_close(exported(tokens).logits, hf_neo(tokens).logits, atol=2e-5, rtol=0)
+        return
     # measured <= 4.3e-6 (the fused kernel; logits up to ~5.4); bound 2e-5
     model = assert_round_trips(hf_neo, GPTNeoForCausalLM, tokens, tmp_path, atol=2e-5)
     assert model.cfg.attn_types == config_from_neo(hf_neo.config).attn_types
@@ -218,6 +226,16 @@ def test_damaged_config_json_is_named(field, value, message, tmp_path):
         from_pretrained(tmp_path)
 
 
+def test_export_refuses_nonzero_qkv_biases():
+    hf = make_hf_neo()
+    cfg = config_from_neo(hf.config)
+    state = neo_to_glassbox(hf.state_dict(), cfg)
+    assert all(not state[f"blocks.{L}.attn.b_{n}"].any() for L in range(cfg.n_layers) for n in "QKV")
+    state["blocks.2.attn.b_K"] = state["blocks.2.attn.b_K"] + 0.5
+    with pytest.raises(ValueError, match=r"blocks\.2\.attn\.b_K is nonzero"):
+        glassbox_to_neo(state, cfg)
+
+
 def test_damaged_state_dicts_name_the_tensor():
     hf = make_hf_neo()
     cfg = config_from_neo(hf.config)
@@ -232,7 +250,7 @@ def test_damaged_state_dicts_name_the_tensor():
 
 @pytest.mark.parametrize("change, named", [
     (dict(attn_scale=None), "'attn_scale': None"), (dict(upcast_attn=False), "'upcast_attn': False"),
-    (dict(qkv_bias=True), "'qkv_bias': True"), (dict(positional="rotary"), "'positional': 'rotary'"),
+    (dict(qkv_bias=False), "'qkv_bias': False"), (dict(positional="rotary"), "'positional': 'rotary'"),
     (dict(scale_attn_by_inverse_layer_idx=True), "'scale_attn_by_inverse_layer_idx': True"),
 ])
 def test_export_refuses_what_gpt_neo_cannot_represent(change, named):

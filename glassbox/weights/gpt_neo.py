@@ -1,7 +1,8 @@
 """Pure converters between a ``transformers`` GPT-Neo (GPTNeoForCausalLM) and glassbox, both ways.
 
 GPT-Neo (and the TinyStories models) is GPT-2's pre-LN block with separate q/k/v projections without
-biases, an output projection with one, an MLP of ``c_fc``/``c_proj`` (nn.Linear, [d_out d_in]),
+biases (imported as zero b_Q, b_K, b_V, as TransformerLens does, so that fold_ln has biases to fold the
+norms' into; the export refuses nonzero ones), an output projection with one, an MLP of ``c_fc``/``c_proj`` (nn.Linear, [d_out d_in]),
 learned positions and a tied unembedding without bias. Two things differ from GPT-2:
 - the attention scores are not scaled: q.k, no 1/sqrt(d_head) (``attn_scale=1.0``), and transformers
   computes them and their softmax in float32 whatever the model's dtype (``upcast_attn=True``, which
@@ -18,10 +19,15 @@ Positions are 0, 1, ... in transformers whatever the attention mask; glassbox co
 Refused, naming the field: an activation glassbox does not compute, a ``layer_types`` field (which
 GPT-Neo does not read) that disagrees with attention_layers. Every tensor's shape is checked; the causal-mask buffers older checkpoints
 saved are ignored.
+
+Footgun: a GPT-Neo Config with no local layer is also a GPT-2 one (scale_attn_weights=False,
+reorder_and_upcast_attn), so ``to_hf`` and ``save_pretrained`` write it as GPT2LMHeadModel, which
+computes the same logits; ``glassbox_to_neo`` and ``config_to_neo`` write GPT-Neo's own layout.
 """
 
 from typing import Mapping
 
+import torch
 from torch import Tensor
 
 from ..models import Config
@@ -31,8 +37,8 @@ from .gpt2 import check_no_extras, check_shapes, expected_shapes
 from .layer_types import layer_types_of
 
 NEO_SHAPE = dict(normalization="LN", norm_placement="pre", positional="learned", gated_mlp=False, use_bias=True,
-                 qkv_bias=False, attn_out_bias=True, mlp_bias=True, unembed_bias=False, parallel_attn_mlp=False,
-                 attn_only=False, attn_scale=1.0, upcast_attn=True)
+                 unembed_bias=False, parallel_attn_mlp=False, attn_only=False, attn_scale=1.0, upcast_attn=True)
+QKV_BIASES = ("b_Q", "b_K", "b_V")
 NEO_CONFIG_FIELDS = {
     "num_layers": "size", "hidden_size": "size", "num_heads": "size", "vocab_size": "size",
     "max_position_embeddings": "size", "intermediate_size": "size?", "window_size": "size",
@@ -85,6 +91,9 @@ def config_to_neo(cfg: Config):
 
     wrong = {k: getattr(cfg, k) for k, v in NEO_SHAPE.items() if getattr(cfg, k) != v}
     wrong.update(options_beyond(cfg, allowed=tuple(NEO_SHAPE) + ("attn_types", "window_size")))
+    for name in ("qkv_bias", "attn_out_bias", "mlp_bias"):
+        if not getattr(cfg, name):
+            wrong[name] = False
     if cfg.d_head * cfg.n_heads != cfg.d_model:
         wrong["d_head"] = cfg.d_head
     if cfg.act_fn in PARAMETRISED_ACTIVATIONS:
@@ -145,6 +154,7 @@ def neo_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config, source: st
         h, p = f"transformer.h.{L}.", f"blocks.{L}."
         for name, proj in zip("QKV", "qkv"):
             out[p + f"attn.W_{name}"] = sd[h + f"attn.attention.{proj}_proj.weight"].reshape(H, Dh, D).transpose(1, 2)
+            out[p + f"attn.b_{name}"] = sd[h + f"attn.attention.{proj}_proj.weight"].new_zeros(H, Dh)
         out[p + "attn.W_O"] = sd[h + "attn.attention.out_proj.weight"].T.reshape(H, Dh, D)
         out.update({p + ours: sd[h + theirs].T if transposed else sd[h + theirs]
                     for theirs, ours, transposed in PLAIN_LAYER_TENSORS})
@@ -154,10 +164,16 @@ def neo_to_glassbox(hf_state_dict: Mapping[str, Tensor], cfg: Config, source: st
 
 
 def glassbox_to_neo(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
-    """Our state dict -> HF GPTNeoForCausalLM state dict (contiguous tensors)."""
+    """Our state dict -> HF GPTNeoForCausalLM state dict (contiguous tensors). Refuses nonzero q/k/v
+    biases, which GPT-Neo cannot represent."""
     sd = state_dict
     check_shapes(sd, expected_shapes(cfg), "glassbox state dict")
     D = cfg.d_model
+    for L in range(cfg.n_layers):
+        for bias in QKV_BIASES:
+            if torch.any(sd[f"blocks.{L}.attn.{bias}"] != 0):
+                raise ValueError(f"blocks.{L}.attn.{bias} is nonzero; GPT-Neo's q/k/v projections have no biases "
+                                 "to hold it")
     out = {"transformer.wte.weight": sd["embed.W_E"], "transformer.wpe.weight": sd["pos_embed.W_pos"],
            "transformer.ln_f.weight": sd["ln_final.w"], "transformer.ln_f.bias": sd["ln_final.b"]}
     for L in range(cfg.n_layers):
