@@ -55,12 +55,13 @@ MODELS = {
 
 
 # OPT, GPT-Neo (TinyStories) and GPT-J, the names TransformerLens's tests load: TinyStories-1M at its
-# real shape; the others shrunk to 2-4 layers and 64-128 wide with their real vocabularies, context
+# real shape; the others 64-128 wide (OPT-125m and GPT-Neo-125M with their real 12 layers, which a test
+# hooks by index; GPT-J-6B 2 of its 28, TinyStories-33M its 4) with their real vocabularies, context
 # and every other config field as in the real repo (GPT-J-6B's 28 x 4096 layers would be 24 GB).
 def opt_config():
     from transformers import OPTConfig
 
-    return OPTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=256, vocab_size=50272,
+    return OPTConfig(hidden_size=64, num_hidden_layers=12, num_attention_heads=4, ffn_dim=256, vocab_size=50272,
                      max_position_embeddings=2048, word_embed_proj_dim=64)
 
 
@@ -80,7 +81,7 @@ def gptj_config():
 
 FAMILY_MODELS = {
     "facebook/opt-125m": (opt_config, []),
-    "EleutherAI/gpt-neo-125M": (lambda: neo_config(64, 2, 4, 1), []),
+    "EleutherAI/gpt-neo-125M": (lambda: neo_config(64, 12, 4, 6), []),
     "roneneldan/TinyStories-1M": (lambda: neo_config(64, 8, 16, 4), []),
     "roneneldan/TinyStories-33M": (lambda: neo_config(128, 4, 16, 2), []),
     "EleutherAI/gpt-j-6B": (gptj_config, []),
