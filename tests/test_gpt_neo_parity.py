@@ -41,6 +41,9 @@ def make_hf_neo(seed=0, **overrides):
     return model.eval()
 
 
+make_hf_gpt_neo = make_hf_neo  # the name tests/test_hub_loading.py looks for
+
+
 def build(hf, dtype=torch.float32, cfg=None):
     cfg = cfg or config_from_neo(hf.config)
     model = HookedTransformer(cfg, init=False, dtype=dtype)
