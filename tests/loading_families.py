@@ -26,6 +26,11 @@ FAMILIES = {
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(COMMON, num_key_value_heads=1)),
     "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(GPT_STYLE, n_inner=20, rotary_dim=2)),
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(
+        {k: v for k, v in COMMON.items() if k != "intermediate_size"}, ffn_dim=20)),
+    "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM", dict(
+        vocab_size=29, hidden_size=12, intermediate_size=20, num_layers=2, num_heads=3, max_position_embeddings=32,
+        attention_types=[[["global"], 2]], window_size=3, bos_token_id=None, eos_token_id=None)),
 }
 
 

@@ -479,7 +479,8 @@ def test_tl_from_pretrained_by_repo_id_with_auto_dtype(cache):
 # Each family's test module exports make_hf_<model_type>(seed=0, **config_overrides); GPT-2's factory
 # (conftest.make_hf_gpt2) takes sizes, so it is wrapped here.
 FACTORY_MODULES = ("test_llama_parity", "test_mistral_parity", "test_gptj_parity", "test_qwen_parity",
-                   "test_gemma_parity", "test_neox_parity", "test_olmo2_parity")
+                   "test_gemma_parity", "test_neox_parity", "test_olmo2_parity", "test_opt_parity",
+                   "test_gpt_neo_parity")
 
 
 def make_hf_gemma3(seed=0):
@@ -523,6 +524,8 @@ FAMILY_BOUNDS = {
     "gemma3": 2.5e-5,  # measured 2.4e-6 (6.7): 10x
     "gpt_neox": 2.5e-5,  # measured 2.6e-6 (6.7): 10x
     "olmo2": 3e-5,  # measured 2.9e-6 (4.7): 10x
+    "opt": 2e-5,  # measured 1.8e-6 (4.2): 11x
+    "gpt_neo": 2.5e-5,  # measured 2.5e-6 (5.5): 10x
 }
 
 

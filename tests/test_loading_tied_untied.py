@@ -24,7 +24,8 @@ from loading_families import FAMILIES, hf_model, tokens
 
 # The name of each family's embedding in its checkpoint (lm_head.weight in all of them).
 EMBEDDING = {"gpt2": "transformer.wte.weight", "gptj": "transformer.wte.weight",
-             "gpt_neox": "gpt_neox.embed_in.weight"}
+             "gpt_neox": "gpt_neox.embed_in.weight", "gpt_neo": "transformer.wte.weight",
+             "opt": "model.decoder.embed_tokens.weight"}
 HEAD = {"gpt_neox": "embed_out.weight"}  # transformers 5 saves GPT-NeoX's lm_head under its old name
 
 

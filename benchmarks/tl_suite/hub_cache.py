@@ -54,6 +54,40 @@ MODELS = {
 }
 
 
+# OPT, GPT-Neo (TinyStories) and GPT-J, the names TransformerLens's tests load: TinyStories-1M at its
+# real shape; the others 64-128 wide (OPT-125m and GPT-Neo-125M with their real 12 layers, which a test
+# hooks by index; GPT-J-6B 2 of its 28, TinyStories-33M its 4) with their real vocabularies, context
+# and every other config field as in the real repo (GPT-J-6B's 28 x 4096 layers would be 24 GB).
+def opt_config():
+    from transformers import OPTConfig
+
+    return OPTConfig(hidden_size=64, num_hidden_layers=12, num_attention_heads=4, ffn_dim=256, vocab_size=50272,
+                     max_position_embeddings=2048, word_embed_proj_dim=64)
+
+
+def neo_config(hidden, layers, heads, pattern_repeats):
+    from transformers import GPTNeoConfig
+
+    return GPTNeoConfig(hidden_size=hidden, num_layers=layers, num_heads=heads, vocab_size=50257,
+                        max_position_embeddings=2048, window_size=256,
+                        attention_types=[[["global", "local"], pattern_repeats]])
+
+
+def gptj_config():
+    from transformers import GPTJConfig
+
+    return GPTJConfig(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, vocab_size=50400, n_positions=2048)
+
+
+FAMILY_MODELS = {
+    "facebook/opt-125m": (opt_config, []),
+    "EleutherAI/gpt-neo-125M": (lambda: neo_config(64, 12, 4, 6), []),
+    "roneneldan/TinyStories-1M": (lambda: neo_config(64, 8, 16, 4), []),
+    "roneneldan/TinyStories-33M": (lambda: neo_config(128, 4, 16, 2), []),
+    "EleutherAI/gpt-j-6B": (gptj_config, []),
+}
+
+
 def commit_of(repo_id: str, revision: str) -> str:
     return hashlib.sha1(f"{repo_id}@{revision}".encode()).hexdigest()
 
@@ -86,13 +120,13 @@ def write_snapshot(cache: Path, repo_id: str, revision: str, config) -> Path:
 
 
 def build(cache: Path) -> dict:
-    """Every stand-in of MODELS in ``cache``; returns {repo id: [revisions]}."""
+    """Every stand-in of MODELS and FAMILY_MODELS in ``cache``; returns {repo id: [revisions]}."""
     import torch
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     cache.mkdir(parents=True, exist_ok=True)
     made = {}
-    for repo_id, (make_config, revisions) in MODELS.items():
+    for repo_id, (make_config, revisions) in {**MODELS, **FAMILY_MODELS}.items():
         for revision in ["main", *revisions]:
             write_snapshot(cache, repo_id, revision, make_config())
         made[repo_id] = ["main", *revisions]

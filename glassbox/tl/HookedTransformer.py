@@ -158,6 +158,8 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
         folder, or ``hf_model``) and process its weights with TransformerLens's defaults."""
         from ..weights import from_hf
         from ..weights import from_pretrained as load
+        from ..weights.architectures import architecture_of_type
+        from ..weights.pretrained import architecture_of
 
         if "torch_dtype" in from_pretrained_kwargs:  # TransformerLens's older name wins, as there
             dtype = from_pretrained_kwargs.pop("torch_dtype")
@@ -184,17 +186,20 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
                                  "checkpoint would not be loaded, so give one or the other")
             base = from_hf(hf_model, tokenizer=tokenizer, device=where, dtype=dtype)
             official = model_name
+            architecture = architecture_of_type(getattr(hf_model.config, "model_type", None),
+                                                hf_architectures=[type(hf_model).__name__]).hf_model_class
         else:
             official = get_official_model_name(model_name)
             revision, checkpoint = checkpoint_fields(official, checkpoint_index, checkpoint_value, revision)
             base = load(official, device=where, dtype=dtype, tokenizer=tokenizer, revision=revision)
+            architecture = architecture_of(official, revision=revision).hf_model_class
         return cls.from_glassbox(base, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                                  center_unembed=center_unembed, fold_value_biases=fold_value_biases,
                                  refactor_factored_attn_matrices=refactor_factored_attn_matrices,
                                  default_prepend_bos=default_prepend_bos, default_padding_side=default_padding_side,
                                  move_to_device=move_to_device, model_name=str(official),
                                  tokenizer_name=_tokenizer_name(official, tokenizer, base, hf_model),
-                                 checkpoint=checkpoint)
+                                 checkpoint=checkpoint, original_architecture=architecture)
 
     @classmethod
     def from_glassbox(cls, model: _GlassboxTransformer, fold_ln: bool = True, center_writing_weights: bool = True,
@@ -202,10 +207,12 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
                       fold_value_biases: bool = True, default_prepend_bos: Optional[bool] = None,
                       default_padding_side: Optional[str] = "right", move_to_device: bool = True,
                       model_name: Optional[str] = None, tokenizer_name: Optional[str] = None,
-                      checkpoint: Optional[dict] = None) -> "HookedTransformer":
+                      checkpoint: Optional[dict] = None,
+                      original_architecture: Optional[str] = None) -> "HookedTransformer":
         """This class's model of a glassbox model's weights, processed as ``from_pretrained`` processes
         them (same defaults); on the glassbox model's device and dtype, with its hook flags. The model
-        passed in is unchanged."""
+        passed in is unchanged. ``original_architecture``: the Hugging Face class the weights came from
+        (default: the first that can represent the config, GPT-2's for a pre-LN OPT model)."""
         from ..weights.architectures import architecture_of_config
         from ..weights.processing import process_state_dict
 
@@ -216,10 +223,12 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
         steps = tl_steps(gcfg, fold_ln, center_writing_weights, center_unembed, fold_value_biases,
                          refactor_factored_attn_matrices)
         fold_ln = "fold_ln" in steps
-        try:
-            architecture = architecture_of_config(gcfg).hf_model_class
-        except ValueError:
-            architecture = None  # a glassbox-only combination: no Hugging Face class
+        architecture = original_architecture
+        if architecture is None:
+            try:
+                architecture = architecture_of_config(gcfg).hf_model_class
+            except ValueError:
+                architecture = None  # a glassbox-only combination: no Hugging Face class
         state, gcfg = process_state_dict({k: v.detach() for k, v in model.state_dict().items()}, gcfg, steps)
         if model_name is not None:
             gcfg = gcfg.replace(model_name=model_name)

@@ -3,7 +3,8 @@ training checkpoints.
 
 ``OFFICIAL_MODEL_NAMES`` lists what ``HookedTransformer.from_pretrained`` loads by name: the GPT-2 hub
 models, the Pythia and Stanford CRFM GPT-2 repos (by TransformerLens's short names too: "pythia-70m",
-"stanford-gpt2-small-a") and the models shipped inside glassbox. A local Hugging Face folder of an
+"stanford-gpt2-small-a"), the OPT, GPT-Neo, GPT-J and TinyStories repos ("opt-125m", "gpt-neo-125M",
+"gpt-j", "tiny-stories-1M") and the models shipped inside glassbox. A local Hugging Face folder of an
 architecture glassbox converts works too, by path, and so does a Hugging Face repo id: "org/name"
 always (fetched when not cached), a bare name when it is in the local Hugging Face cache.
 TransformerLens's other short names (its own-format models such as "solu-2l" or "attn-only-2l", and
@@ -29,6 +30,15 @@ STANFORD = {"small": ["alias-gpt2-small-x21", "battlestar-gpt2-small-x49", "capr
             "medium": ["arwen-gpt2-medium-x21", "beren-gpt2-medium-x49", "celebrimbor-gpt2-medium-x81",
                        "durin-gpt2-medium-x343", "eowyn-gpt2-medium-x777"]}
 
+# OPT, GPT-Neo, GPT-J and TinyStories (GPT-Neo) repos by TransformerLens's names.
+OPT_SIZES = {"125m": "small", "1.3b": "medium", "2.7b": "large", "6.7b": "xl", "13b": "xxl", "30b": "xxxl",
+             "66b": "xxxxl"}
+NEO_SIZES = {"125M": "small", "1.3B": "medium", "2.7B": "large"}
+TINY_STORIES = {**{size: size for size in ("1M", "3M", "8M", "28M", "33M")}, "1Layer-21M": "1L-21M",
+                "2Layers-33M": "2L-33M", **{f"Instruct-{size}": f"instruct-{size}" for size in ("1M", "3M", "8M", "28M", "33M")},
+                "Instruct-2Layers-33M": "instruct-2L-33M",
+                "Instuct-1Layer-21M": "instruct-1L-21M"}  # (sic: the repo's own spelling)
+
 # TransformerLens's aliases of the names glassbox loads.
 MODEL_ALIASES: Dict[str, List[str]] = {
     "gpt2": ["gpt2-small"],
@@ -42,6 +52,12 @@ MODEL_ALIASES: Dict[str, List[str]] = {
     **{f"stanford-crfm/{repo}": [f"stanford-gpt2-{size}-{'abcde'[i]}"]
        for size, repos in STANFORD.items() for i, repo in enumerate(repos)},
     **{name: [] for name in shipped_models()},
+    **{f"facebook/opt-{size}": [f"opt-{size}", f"opt-{alias}"] + (["opt"] if size == "125m" else [])
+       for size, alias in OPT_SIZES.items()},
+    **{f"EleutherAI/gpt-neo-{size}": [f"gpt-neo-{size}", f"gpt-neo-{alias}", f"neo-{alias}"]
+       + (["neo"] if size == "125M" else []) for size, alias in NEO_SIZES.items()},
+    "EleutherAI/gpt-j-6B": ["gpt-j-6B", "gpt-j", "gptj"],
+    **{f"roneneldan/TinyStories-{repo}": [f"tiny-stories-{alias}"] for repo, alias in TINY_STORIES.items()},
 }
 OFFICIAL_MODEL_NAMES: List[str] = [*HUB_MODELS, *(name for name in MODEL_ALIASES if name not in HUB_MODELS)]
 

@@ -7,10 +7,10 @@ the model class named in config.json's ``architectures``); exporting picks the f
 """
 
 from ..models import Config
-from . import gemma, gpt2, gptj, llama, neox, olmo2, qwen
+from . import gemma, gpt2, gpt_neo, gptj, llama, neox, olmo2, opt, qwen
 from .family import Architecture
 
-ARCHITECTURES = {arch.model_type: arch for module in (gpt2, llama, gptj, qwen, gemma, neox, olmo2)
+ARCHITECTURES = {arch.model_type: arch for module in (gpt2, llama, gptj, qwen, gemma, neox, olmo2, opt, gpt_neo)
                  for arch in module.FAMILIES}
 
 __all__ = ["ARCHITECTURES", "Architecture", "architecture_of_config", "architecture_of_type"]

@@ -327,6 +327,15 @@ def config_of(name_or_path, revision: Optional[str] = None) -> Config:
     return _config_from(arch, hf_config, folder, name)
 
 
+def architecture_of(name_or_path: Union[str, Path], revision: Optional[str] = None):
+    """The ``Architecture`` a name or folder loads as, read from its config.json alone (the entry of its
+    model_type, as ``from_pretrained`` picks it): an OPT model's is OPT's though its Config is also GPT-2's."""
+    if str(name_or_path) in HUB_MODELS and revision is None and not Path(str(name_or_path)).expanduser().is_dir():
+        return ARCHITECTURES["gpt2"]
+    folder = resolve(name_or_path, files=["config.json"], revision=revision)
+    return _architecture(read_config(folder), _source(folder, _model_name(name_or_path)))
+
+
 def _source(folder: Path, model_name: Optional[str]) -> str:
     """How errors name a folder's config.json: with the repo id a hub snapshot was loaded by."""
     return str(folder / "config.json") + (f" (the snapshot of {model_name!r})" if model_name else "")

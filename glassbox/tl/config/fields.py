@@ -202,7 +202,9 @@ def family_fields(cfg) -> Dict[str, Any]:
     if cfg.n_key_value_heads != cfg.n_heads:
         out["n_key_value_heads"] = cfg.n_key_value_heads
     out["ungroup_grouped_query_attention"] = cfg.ungroup_grouped_query_attention
-    if cfg.attn_scale is not None:  # else derive() gives TransformerLens's sqrt(d_head)
+    if cfg.attn_scale == 1.0:  # unscaled scores (GPT-Neo): TransformerLens's use_attn_scale=False
+        out["use_attn_scale"] = False
+    elif cfg.attn_scale is not None:  # else derive() gives TransformerLens's sqrt(d_head)
         out["attn_scale"] = 1.0 / cfg.attn_scale
     out["scale_attn_by_inverse_layer_idx"] = cfg.scale_attn_by_inverse_layer_idx
     for name in ("attn_scores_soft_cap", "output_logits_soft_cap"):
