@@ -30,7 +30,9 @@ GPT2_TOKENIZER = REPO / "glassbox" / "assets" / "gpt2-tokenizer"
 def gpt2_config(n_layer=12, n_embd=768, n_head=12):
     from transformers import GPT2Config
 
-    return GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=50257, n_positions=1024)
+    # n_ctx as in the real GPT-2 config.json files: TransformerLens 3.9 reads hf_config.n_ctx, which
+    # transformers 5 no longer derives from n_positions
+    return GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=50257, n_positions=1024, n_ctx=1024)
 
 
 def neox_config(hidden, layers, heads):

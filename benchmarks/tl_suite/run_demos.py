@@ -1,6 +1,7 @@
 """Run TransformerLens's demo notebooks, unmodified, on glassbox.tl; a per-cell pass/fail and time table.
 
-    python benchmarks/tl_suite/run_demos.py NOTEBOOK.ipynb ... --out OUT [--cache HUB]
+    python benchmarks/tl_suite/run_demos.py NOTEBOOK.ipynb ... --out OUT [--cache HUB] [--threads N]
+    /work/main/.tlenv/bin/python benchmarks/tl_suite/run_demos.py ... --transformer-lens   # the oracle side
 
 Each notebook runs top to bottom in a fresh IPython kernel (nbclient, a docs/test-only dependency),
 every cell even after one fails (``allow_errors``), so the table shows which cells pass on their own
@@ -15,6 +16,11 @@ inputs. The kernel gets, before the first cell and without an edit to the notebo
 Cells that ``%pip install`` run only under Colab (``IN_COLAB``), which is False here. Plotly draws with
 the renderer the notebook chooses ("colab": HTML that loads plotly.js from the web only when viewed).
 GITHUB_ACTIONS is left unset, so cells TransformerLens's CI skips (``if not IN_GITHUB``) do run.
+``--transformer-lens`` runs the same notebooks on TransformerLens itself, for a benchmark against it:
+no ``as_transformer_lens()`` and this checkout not on PYTHONPATH (the stand-ins and the hub cache stay);
+run the runner with the Python that has TransformerLens installed (the kernel is that interpreter).
+``--threads N`` sets OMP_NUM_THREADS and MKL_NUM_THREADS in the kernel (torch's thread count); give both
+sides of a benchmark the same N.
 Writes OUT/<notebook>.tsv (cell, outcome, seconds, first line of the error or the cell), OUT/demos.md.
 """
 
@@ -28,16 +34,23 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
 
-def kernel_environment(cache: Path, out: Path) -> dict:
+def kernel_environment(cache: Path, out: Path, transformer_lens: bool = False, threads=None) -> dict:
     ipython_dir = out / "ipython"
     startup = ipython_dir / "profile_default" / "startup"
     startup.mkdir(parents=True, exist_ok=True)
-    (startup / "00-glassbox-tl.py").write_text("import glassbox.tl\nglassbox.tl.as_transformer_lens()\n")
+    start_file = startup / "00-glassbox-tl.py"
+    if transformer_lens:
+        start_file.unlink(missing_ok=True)  # an OUT used before for glassbox.tl
+    else:
+        start_file.write_text("import glassbox.tl\nglassbox.tl.as_transformer_lens()\n")
     env = dict(os.environ)
+    first = [str(HERE / "standins")] if transformer_lens else [str(REPO), str(HERE / "standins")]
     env.update(IPYTHONDIR=str(ipython_dir), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                HF_HUB_CACHE=str(cache), HF_DATASETS_CACHE=str(out / "datasets-cache"),
-               PYTHONPATH=os.pathsep.join([str(REPO), str(HERE / "standins"), env.get("PYTHONPATH", "")]).rstrip(
-                   os.pathsep))
+               PYTHONPATH=os.pathsep.join(first + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                   if p and (not transformer_lens or Path(p).resolve() != REPO)]))
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     for name in ("GITHUB_ACTIONS", "HF_TOKEN"):
         env.pop(name, None)
     return env
@@ -87,6 +100,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--cache", type=Path, help="a stand-in hub cache built already (hub_cache.py)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds one cell may run")
+    parser.add_argument("--transformer-lens", action="store_true",
+                        help="run on TransformerLens itself (no as_transformer_lens(); this checkout not on PYTHONPATH)")
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS / MKL_NUM_THREADS in the kernel")
     args = parser.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -96,8 +112,12 @@ def main(argv=None) -> int:
         import hub_cache
 
         hub_cache.build(cache)
-    env = kernel_environment(cache, out)
-    report = ["# TransformerLens demos on glassbox.tl", ""]
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
+    env = kernel_environment(cache, out, args.transformer_lens, args.threads)
+    side = "TransformerLens itself" if args.transformer_lens else "glassbox.tl"
+    report = [f"# TransformerLens demos on {side}", "",
+              f"load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", ""]
     for path in args.notebooks:
         start = time.time()
         rows = run_notebook(path.resolve(), env, args.timeout)
@@ -107,7 +127,8 @@ def main(argv=None) -> int:
             for r in rows:
                 table.write(f"{r['cell']}\t{r['outcome']}\t{r['seconds']:.1f}\t{r['message']}\t{r['source']}\n")
         passed = sum(r["outcome"] == "passed" for r in rows)
-        report.append(f"## {path.name}: {passed} / {len(rows)} code cells passed, {minutes:.1f} min")
+        report.append(f"## {path.name}: {passed} / {len(rows)} code cells passed, {minutes:.1f} min "
+                      f"({minutes * 60:.0f} s; load average after: {os.getloadavg()[0]:.2f})")
         report += [f"- cell {r['cell']} ({r['seconds']:.0f} s) `{r['source']}`: {r['message']}" for r in rows
                    if r["outcome"] != "passed"]
         report.append("")

@@ -31,7 +31,11 @@
   positions), q/k norms (they act on the factors themselves), grouped-query attention (a kv head's
   W_K, W_V are shared by several query heads, so no one factor fits each head). A b_V without b_O
   gets a b_O first, as in ``fold_value_biases``.
-  Singular vectors are unique only up to sign: compare products, not factors.
+  Singular vectors are unique only up to sign: compare products, not factors. The SVDs run on one
+  CPU thread (the caller's torch.get_num_threads() is restored after): matrices of [head d_model+1
+  d_head] gain nothing from threads, and on a busy machine threaded LAPACK waits on every core in
+  each of its many small steps (GPT-2 small: 85 s at 2 threads, about 1 s on one); one thread also
+  gives the same bits whatever the caller's thread count.
 
 Every refusal is a ValueError naming the step and the Config option that prevents it; the input
 is never changed. Each function takes (state_dict, cfg) and returns a new dict (inputs untouched),
@@ -43,6 +47,7 @@ rounding); ``process`` records the steps on ``model.processing`` and skips steps
 so analysis code can tell, e.g., that norm weights are 1 because they were folded.
 """
 
+from contextlib import contextmanager
 from typing import Callable, Mapping
 
 import torch
@@ -221,6 +226,16 @@ def fold_value_biases(state_dict: Mapping[str, Tensor], cfg: Config) -> dict:
     return sd
 
 
+@contextmanager
+def _one_cpu_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _svd_of_product(A: Tensor, B: Tensor) -> tuple:
     """(U, S, V) of A @ B with A [head m k] and B [head k n], from the SVDs of the factors (A @ B is
     never formed): U [head m r], S [head r], V [head n r], r = min(m, k, n)."""
@@ -264,6 +279,12 @@ def refactor_factored_attn_matrices(state_dict: Mapping[str, Tensor], cfg: Confi
                          f"{cfg.n_key_value_heads} < n_heads={cfg.n_heads} each kv head's W_K and W_V are shared by "
                          f"{cfg.n_kv_groups} query heads: no single refactored W_K, W_V fits all of them")
     sd = fold_value_biases(state_dict, cfg)
+    with _one_cpu_thread():
+        _refactor_layers(sd, cfg)
+    return sd
+
+
+def _refactor_layers(sd: dict, cfg: Config) -> None:
     for L in range(cfg.n_layers):
         a = f"blocks.{L}.attn."
         W_Q, W_K, W_V, W_O = (sd[a + k] for k in ("W_Q", "W_K", "W_V", "W_O"))
@@ -278,7 +299,6 @@ def refactor_factored_attn_matrices(state_dict: Mapping[str, Tensor], cfg: Confi
         if bq is not None:
             sd[a + "b_Q"], sd[a + "b_K"] = bq.to(dtype), bk.to(dtype)
         sd[a + "W_V"], sd[a + "W_O"] = (U * S[:, None, :]).to(dtype), V.transpose(-2, -1).to(dtype)
-    return sd
 
 
 FUNCTIONS = {"fold_ln": fold_ln, "center_reader_weights": center_reader_weights,
