@@ -204,8 +204,14 @@ def main(argv=None) -> int:
     counts = tl_counts(args.count_python, work, env) if Path(args.count_python).exists() else {}
     start = time.time()
     junit = out / "junit.xml"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-rN", f"--junitxml={junit}", "tests",
+    marker = out / "REAL_TRANSFORMER_LENS_IMPORTED"
+    marker.unlink(missing_ok=True)
+    paths = [] if any(a.startswith("tests/") for a in args.pytest_args) else ["tests"]  # a subset, or all
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-rN", f"--junitxml={junit}", *paths,
                     *args.pytest_args], cwd=work, env=env)
+    if marker.exists():
+        sys.exit(f"the real TransformerLens was imported during the run, so it did not test glassbox.tl: "
+                 f"{marker.read_text().strip()}")
     seconds = time.time() - start
     rows = parse(junit)
     with open(out / "results.tsv", "w") as table:
