@@ -172,3 +172,17 @@ def test_logits_to_df_equals_transformer_lens():
         assert ours.equals(theirs), kwargs
     with pytest.raises(ValueError, match="1-D"):
         gb_logits.logits_to_df(torch.zeros(3, 4))
+
+
+def test_softcap_helpers_equal_transformer_lens():
+    from glassbox.tl._utilities import activation_functions as ours
+    from transformer_lens.utilities import activation_functions as theirs
+
+    assert ours.SOFTCAP_DISABLED == theirs.SOFTCAP_DISABLED == -1.0
+    x = torch.randn(4, 7, generator=torch.Generator().manual_seed(5)) * 80
+    for cap in (None, 0, 0.0, -1.0, -5.0, 1e-3, 0.5, 30.0, 50, 1e6):
+        assert ours.softcap_enabled(cap) is theirs.softcap_enabled(cap), cap
+        got, want = ours.apply_softcap(x, cap), theirs.apply_softcap(x, cap)
+        assert torch.equal(got, want), cap
+        assert (got is x) == (want is x), cap
+    assert torch.equal(ours.gelu_new(x), theirs.gelu_new(x))

@@ -34,7 +34,6 @@ MODULE_PATHS = {
     "components.transformer_block": ("components", ["TransformerBlock"]),
     "components.mlps.mlp": ("components.mlps", ["MLP"]),
     "components.mlps.gated_mlp": ("components.mlps", ["GatedMLP"]),
-    "utilities.activation_functions": ("utils", ["gelu_new"]),
     "utilities.components_utils": ("utils", ["get_act_name"]),
     "utilities.defaults_utils": ("utils", ["override_or_use_default_value"]),
     "utilities.devices": ("utils", ["get_device"]),
@@ -56,6 +55,7 @@ MODULE_PATHS = {
 
 # TransformerLens 3.x utilities modules whose names glassbox.tl.utils does not hold: path -> glassbox.tl module.
 SUBMODULES = {
+    "utilities.activation_functions": "_utilities.activation_functions",
     "utilities.cache": "_utilities.cache",
     "utilities.logits_utils": "_utilities.logits_utils",
     "utilities.typed_module_list": "_utilities.typed_module_list",
