@@ -107,6 +107,37 @@ class HookHandle:
                 return
 
 
+class HookPresence:
+    """``HookPoint.has_hooks``: a flag glassbox reads (true while any hook is attached) and the method
+    TransformerLens 3.x calls: ``has_hooks(dir, including_permanent, level)`` is whether a hook of
+    direction ``dir`` ("fwd", "bwd" or "both"), permanent ones only if ``including_permanent``, added at
+    context ``level`` (None: any) is attached."""
+
+    __slots__ = ("_point",)
+
+    def __init__(self, point: "HookPoint"):
+        self._point = point
+
+    def __bool__(self) -> bool:
+        return bool(self._point.fwd_hooks) or bool(self._point.bwd_hooks)
+
+    def __call__(self, dir: str = "both", including_permanent: bool = True, level: Optional[int] = None) -> bool:
+        check_direction(dir, ("fwd", "bwd", "both"), f" (has_hooks at {self._point.name})")
+        check_level(level)
+        registrations = {"fwd": self._point.fwd_hooks, "bwd": self._point.bwd_hooks,
+                         "both": self._point.fwd_hooks + self._point.bwd_hooks}[dir]
+        return any((including_permanent or not r.is_permanent) and (level is None or r.context_level == level)
+                   for r in registrations)
+
+    def __eq__(self, other) -> bool:
+        return bool(self) == other
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return repr(bool(self))
+
+
 class HookPoint(nn.Module):
     """Identity at a named point of the forward pass. ``name`` is set by the root model."""
 
@@ -119,8 +150,10 @@ class HookPoint(nn.Module):
         self.ctx: dict = {}
 
     @property
-    def has_hooks(self) -> bool:
-        return bool(self.fwd_hooks) or bool(self.bwd_hooks)
+    def has_hooks(self) -> "HookPresence":
+        """Truthy while any hook is attached (``if point.has_hooks``); called, TransformerLens 3.x's
+        ``has_hooks(dir="both", including_permanent=True, level=None)`` -> bool."""
+        return HookPresence(self)
 
     def add_hook(self, hook: HookFn, dir: str = "fwd", is_permanent: bool = False,
                  level: Optional[int] = None, prepend: bool = False) -> HookHandle:
