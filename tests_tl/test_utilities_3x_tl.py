@@ -186,3 +186,59 @@ def test_softcap_helpers_equal_transformer_lens():
         assert torch.equal(got, want), cap
         assert (got is x) == (want is x), cap
     assert torch.equal(ours.gelu_new(x), theirs.gelu_new(x))
+
+
+class _Aliased(torch.nn.Module):
+    """One Linear registered under two names, as a tied or aliased weight is."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = self.b = torch.nn.Linear(4, 3, bias=False)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_parameter_swap_equals_transformer_lens(fail):
+    from glassbox.tl.utils import temporarily_swap_parameter as ours
+    from transformer_lens.utilities.parameter_swap import temporarily_swap_parameter as theirs
+
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(6))
+    results = []
+    for swap in (ours, theirs):
+        torch.manual_seed(7)
+        module = _Aliased()
+        weight, before = module.a.weight, module.a.weight.detach().clone()
+        weight.grad = torch.full_like(weight, 3.0)
+        inside = None
+        try:
+            with swap(weight, 2.0 * before) as held:
+                assert held is weight and module.b.weight is weight
+                inside = module.a(x)
+                if fail:
+                    raise RuntimeError("inside the block")
+        except RuntimeError:
+            assert fail
+        assert module.a.weight is weight and isinstance(module.b._parameters["weight"], torch.nn.Parameter)
+        assert torch.equal(weight.detach(), before) and torch.equal(weight.grad, torch.full_like(weight, 3.0))
+        results.append(inside)
+    assert torch.equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("parameter,values,error", [
+    (torch.zeros(2, 2), torch.zeros(2, 2), TypeError),
+    (torch.nn.Parameter(torch.zeros(2, 2)), torch.nn.Parameter(torch.zeros(2, 2)), TypeError),
+    (torch.nn.Parameter(torch.zeros(2, 2)), [[0.0, 0.0], [0.0, 0.0]], TypeError),
+    (torch.nn.Parameter(torch.zeros(2, 2)), torch.zeros(2, 3), ValueError),
+    (torch.nn.Parameter(torch.zeros(2, 2)), torch.zeros(2, 2, dtype=torch.float64), ValueError)])
+def test_parameter_swap_refuses_as_transformer_lens_and_changes_nothing(parameter, values, error):
+    from glassbox.tl.utils import temporarily_swap_parameter as ours
+    from transformer_lens.utilities.parameter_swap import temporarily_swap_parameter as theirs
+
+    before = parameter.detach().clone()
+    for swap in (ours, theirs):
+        with pytest.raises(error):
+            with swap(parameter, values):
+                raise AssertionError("the block ran")
+        assert torch.equal(parameter.detach(), before)
+    with pytest.raises(error, match="shape|dtype|Parameter|plain torch.Tensor"):
+        with ours(parameter, values):
+            pass

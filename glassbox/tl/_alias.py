@@ -58,6 +58,7 @@ SUBMODULES = {
     "utilities.activation_functions": "_utilities.activation_functions",
     "utilities.cache": "_utilities.cache",
     "utilities.logits_utils": "_utilities.logits_utils",
+    "utilities.parameter_swap": "_utilities.parameter_swap",
     "utilities.typed_module_list": "_utilities.typed_module_list",
 }
 

@@ -32,6 +32,7 @@ from ..train import param_init
 from ..train.datasets import cached_hf_dataset, keep_column, pack_hf_dataset, pack_texts
 
 from ._utilities.logits_utils import logits_to_df, sample_logits
+from ._utilities.parameter_swap import temporarily_swap_parameter
 from ._utilities.typed_module_list import TypedModuleList
 
 USE_DEFAULT_VALUE = None
@@ -43,7 +44,8 @@ __all__ = [
     "get_tokens_with_bos_removed", "init_kaiming_normal_", "init_kaiming_uniform_", "init_xavier_normal_",
     "init_xavier_uniform_", "is_library_available", "is_lower_triangular", "is_square", "keep_single_column", "lm_accuracy",
     "filter_dict_by_prefix", "lm_cross_entropy_loss", "logits_to_df", "override_or_use_default_value",
-    "remove_batch_dim", "sample_logits", "test_prompt", "to_numpy", "tokenize_and_concatenate", "transpose",
+    "remove_batch_dim", "sample_logits", "temporarily_swap_parameter", "test_prompt", "to_numpy",
+    "tokenize_and_concatenate", "transpose",
 ]
 
 
