@@ -46,3 +46,43 @@ def test_has_hooks_follows_removal_and_refuses_a_bad_direction():
     with pytest.raises(TypeError, match="level must be an int"):
         ours.has_hooks(level="0")
     assert torch.equal(ours(torch.ones(2)), torch.ones(2))
+
+
+FILTERS = [None, "hook_a", ["hook_a", "hook_c"], ["hook_c"], lambda name: name.endswith("b"), "nope", []]
+
+
+@pytest.mark.parametrize("as_property", [False, True])
+def test_list_hooks_mixin_lists_what_transformer_lens_s_mixin_lists(as_property):
+    """The mixin on any class with a hook_dict (an attribute, or a property as TransformerLens's bridge
+    has), against TransformerLens 3.9's mixin reading the same hook points."""
+    from glassbox.tl.hook_points import HookIntrospectionMixin as Ours
+    from transformer_lens.hook_points import HookIntrospectionMixin as Theirs
+
+    points = {name: OurPoint() for name in ("hook_a", "hook_b", "hook_c")}
+    points["hook_a"].add_hook(hook, dir="fwd", is_permanent=True)
+    points["hook_a"].add_hook(hook, dir="bwd")
+    points["hook_b"].add_hook(hook, dir="fwd", level=1)
+    second = lambda activation, hook: activation  # noqa: E731
+    points["hook_b"].add_hook(second, dir="fwd", is_permanent=True)
+
+    def bag(base):
+        if as_property:
+            return type("Bag", (base,), {"hook_dict": property(lambda self: points)})()
+        made = type("Bag", (base,), {})()
+        made.hook_dict = points
+        return made
+
+    ours, theirs = bag(Ours), bag(Theirs)
+    for name_filter, dir, permanent in itertools.product(FILTERS, ["fwd", "bwd", "both"], [True, False]):
+        got = ours.list_hooks(name_filter=name_filter, dir=dir, including_permanent=permanent)
+        want = theirs.list_hooks(name_filter=name_filter, dir=dir, including_permanent=permanent)
+        assert {k: [r.user_hook for r in v] for k, v in got.items()} == \
+               {k: [r.user_hook for r in v] for k, v in want.items()}, (name_filter, dir, permanent)
+    assert ours.list_hooks(including_permanent=False) == {"hook_a": points["hook_a"].bwd_hooks,
+                                                          "hook_b": points["hook_b"].fwd_hooks[:1]}
+
+
+def test_hooked_root_module_has_the_mixin():
+    from glassbox.tl.hook_points import HookedRootModule, HookIntrospectionMixin
+
+    assert issubclass(HookedRootModule, HookIntrospectionMixin)
