@@ -242,3 +242,14 @@ def test_parameter_swap_refuses_as_transformer_lens_and_changes_nothing(paramete
     with pytest.raises(error, match="shape|dtype|Parameter|plain torch.Tensor"):
         with ours(parameter, values):
             pass
+
+
+@pytest.mark.parametrize("value", [{"a": 1}, object(), None])
+def test_to_numpy_refuses_what_transformer_lens_refuses_saying_invalid_type(value):
+    from transformer_lens.utilities.tensors import to_numpy as theirs
+
+    for to_numpy in (theirs, gb_utils.to_numpy):
+        with pytest.raises(ValueError, match="invalid type"):
+            to_numpy(value)
+    with pytest.raises(ValueError, match=type(value).__name__):
+        gb_utils.to_numpy(value)
