@@ -253,3 +253,19 @@ def test_to_numpy_refuses_what_transformer_lens_refuses_saying_invalid_type(valu
             to_numpy(value)
     with pytest.raises(ValueError, match=type(value).__name__):
         gb_utils.to_numpy(value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kv_heads", [None, 2])
+def test_init_cache_entry_equals_transformer_lens(dtype, kv_heads):
+    from glassbox.tl import HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(d_model=24, d_head=4, n_layers=1, n_ctx=16, n_heads=6, n_key_value_heads=kv_heads,
+                                  d_vocab=11, act_fn="gelu", dtype=dtype)
+    ours = GbEntry.init_cache_entry(cfg, "cpu", batch_size=3)
+    theirs = TlEntry.init_cache_entry(cfg, "cpu", batch_size=3)
+    for a, b in ((ours.past_keys, theirs.past_keys), (ours.past_values, theirs.past_values)):
+        assert a.shape == b.shape == (3, 0, kv_heads or 6, 4) and a.dtype == b.dtype == dtype
+    new = torch.randn(3, 2, kv_heads or 6, 4).to(dtype)
+    k, v = ours.append(new, new)
+    assert torch.equal(k, theirs.append(new, new)[0]) and k.dtype == dtype and ours.past_keys.shape[1] == 2

@@ -66,7 +66,9 @@ def _offline_hf_retry_shim():
 _offline_hf_retry_shim()
 
 _BRIDGE = "TransformerBridge (TransformerLens's bridge API) is out of glassbox.tl's scope"
-_BRIDGE_MODULES = ("transformer_lens.model_bridge", "transformer_lens.config.transformer_bridge_config")
+# transformer_lens_config: TransformerLensConfig, "configuration class for TransformerLens bridge components"
+_BRIDGE_MODULES = ("transformer_lens.model_bridge", "transformer_lens.config.transformer_bridge_config",
+                   "transformer_lens.config.transformer_lens_config")
 
 
 def _bridge_out_of_scope(what: str):

@@ -12,6 +12,8 @@ bool mask over cached and new positions. Called outside a forward it makes the m
 the cached keys, which the next forward refuses (TransformerLens then misplaces positions).
 """
 
+import torch
+
 from ..models.kv_cache import KVCache, LayerKV
 
 
@@ -26,6 +28,14 @@ class HookedTransformerKeyValueCacheEntry(LayerKV):
             raise ValueError("past_keys and past_values must both be given, each [batch pos head d_head] of one "
                              f"shape, got {_shape(past_keys)} and {_shape(past_values)}")
         self.k, self.v, self.frozen = past_keys, past_values, bool(frozen)
+
+    @classmethod
+    def init_cache_entry(cls, cfg, device=None, batch_size: int = 1) -> "HookedTransformerKeyValueCacheEntry":
+        """An entry holding no position yet: keys and values [batch_size 0 head d_head] in ``cfg.dtype`` on
+        ``device``, with ``cfg.n_key_value_heads`` heads where set (grouped-query attention)."""
+        heads = cfg.n_key_value_heads if cfg.n_key_value_heads is not None else cfg.n_heads
+        shape = (batch_size, 0, heads, cfg.d_head)
+        return cls(torch.empty(shape, device=device, dtype=cfg.dtype), torch.empty(shape, device=device, dtype=cfg.dtype))
 
     past_keys = property(lambda self: self.k)
     past_values = property(lambda self: self.v)
