@@ -30,7 +30,7 @@ def glassbox_tl_modules() -> set:
     """Every public module of the glassbox.tl package, found independently of the alias."""
     names = {"glassbox.tl"}
     for info in pkgutil.walk_packages(glassbox.tl.__path__, prefix="glassbox.tl."):
-        if not info.name.rsplit(".", 1)[-1].startswith("_"):
+        if not any(part.startswith("_") for part in info.name.split(".")[2:]):
             names.add(info.name)
     return names
 
@@ -41,6 +41,8 @@ def test_every_submodule_is_registered_under_its_transformer_lens_name():
     expected = {"transformer_lens" + name[len("glassbox.tl"):] for name in glassbox_tl_modules()}
     expected.add("transformer_lens.utilities")  # TransformerLens 3.x's own name for its helpers: glassbox.tl.utils
     expected.update(f"transformer_lens.{path}" for path in TL_PATHS)
+    expected.update(f"transformer_lens.utilities.{name}" for name in ("cache", "logits_utils", "parameter_swap",
+                                                                      "typed_module_list"))
     registered = {k for k in sys.modules if k == "transformer_lens" or k.startswith("transformer_lens.")}
     assert registered == expected
     for name in glassbox_tl_modules():

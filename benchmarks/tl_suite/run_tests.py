@@ -58,8 +58,9 @@ def environment(cache: Path, work: Path) -> dict:
     return env
 
 
-def tl_counts(python: str, work: Path, env: dict) -> dict:
-    """{test file: number of tests} as TransformerLens's own installation collects them."""
+def tl_counts(python: str, work: Path, env: dict, entries: list) -> tuple:
+    """{test file: number of tests in scope}, {test file: number out of scope}, as TransformerLens's own
+    installation collects them."""
     plain = work.parent / "collect"
     if plain.exists():
         shutil.rmtree(plain)
@@ -68,8 +69,16 @@ def tl_counts(python: str, work: Path, env: dict) -> dict:
     env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     out = subprocess.run([python, "-m", "pytest", "--collect-only", "-q", "tests"], cwd=plain, env=env,
                          capture_output=True, text=True).stdout
-    counts = collections.Counter(line.split("::")[0] for line in out.splitlines() if "::" in line)
-    return dict(counts)
+    counts, excluded = collections.Counter(), collections.Counter()
+    for line in out.splitlines():
+        if "::" in line:  # a test scope.py leaves out is not counted in scope if its module fails to import
+            (excluded if out_of_scope(line.strip(), entries) else counts)[line.split("::")[0]] += 1
+    return dict(counts), dict(excluded)
+
+
+def out_of_scope(nodeid: str, entries: list) -> bool:
+    return any("::" in e["path"] and (nodeid == e["path"] or nodeid.startswith(e["path"] + "[")
+                                      or nodeid.startswith(e["path"] + "::")) for e in entries)
 
 
 def static_count(path: Path) -> int:
@@ -131,14 +140,16 @@ def rows_from_progress(progress: Path) -> list:
     return list(rows.values())
 
 
-def summarise(rows: list, counts: dict, static_counts: dict, entries: list, version: str, seconds: float) -> str:
+def summarise(rows: list, counts: dict, static_counts: dict, entries: list, version: str, seconds: float,
+              excluded: dict = None) -> str:
     weight = []
+    tally = collections.Counter()
     for row in rows:  # a module that failed to import stands for the tests TransformerLens collects in it
         n = 1
         if row["outcome"] == "error" and row["nodeid"].endswith(".py::"):
             n = counts.get(row["nodeid"][:-2]) or static_counts.get(row["nodeid"][:-2], 1)
+            tally["excluded"] += (excluded or {}).get(row["nodeid"][:-2], 0)
         weight.append(n)
-    tally = collections.Counter()
     for row, n in zip(rows, weight):
         tally[row["outcome"]] += n
     scored = tally["passed"] + tally["failed"] + tally["error"]
@@ -201,11 +212,17 @@ def main(argv=None) -> int:
     env["GLASSBOX_TL_SUITE_TIMEOUT"] = str(args.timeout)
     env["GLASSBOX_TL_SUITE_PROGRESS"] = str(out / "progress.tsv")  # one line per test as it finishes
     (out / "progress.tsv").write_text("")
-    counts = tl_counts(args.count_python, work, env) if Path(args.count_python).exists() else {}
+    counts, excluded = tl_counts(args.count_python, work, env, entries) if Path(args.count_python).exists() else ({}, {})
     start = time.time()
     junit = out / "junit.xml"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-rN", f"--junitxml={junit}", "tests",
+    marker = out / "REAL_TRANSFORMER_LENS_IMPORTED"
+    marker.unlink(missing_ok=True)
+    paths = [] if any(a.startswith("tests/") for a in args.pytest_args) else ["tests"]  # a subset, or all
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-rN", f"--junitxml={junit}", *paths,
                     *args.pytest_args], cwd=work, env=env)
+    if marker.exists():
+        sys.exit(f"the real TransformerLens was imported during the run, so it did not test glassbox.tl: "
+                 f"{marker.read_text().strip()}")
     seconds = time.time() - start
     rows = parse(junit)
     with open(out / "results.tsv", "w") as table:
@@ -214,7 +231,7 @@ def main(argv=None) -> int:
             table.write(f"{row['nodeid']}\t{row['outcome']}\t{row['seconds']:.2f}\t{row['message']}\n")
     static_counts = {row["nodeid"][:-2]: static_count(work / row["nodeid"][:-2]) for row in rows
                      if row["nodeid"].endswith(".py::")}
-    summary = summarise(rows, counts, static_counts, entries, args.version, seconds)
+    summary = summarise(rows, counts, static_counts, entries, args.version, seconds, excluded)
     (out / "summary.md").write_text(summary)
     print(summary.split("\n## Per file")[0])
     return 0

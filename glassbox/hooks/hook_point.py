@@ -114,6 +114,37 @@ def _torch_global_hooks() -> bool:
                 or getattr(m, "_global_backward_hooks", None) or getattr(m, "_global_backward_pre_hooks", None))
 
 
+class HookPresence:
+    """``HookPoint.has_hooks``: a flag glassbox reads (true while any hook is attached) and the method
+    TransformerLens 3.x calls: ``has_hooks(dir, including_permanent, level)`` is whether a hook of
+    direction ``dir`` ("fwd", "bwd" or "both"), permanent ones only if ``including_permanent``, added at
+    context ``level`` (None: any) is attached."""
+
+    __slots__ = ("_point",)
+
+    def __init__(self, point: "HookPoint"):
+        self._point = point
+
+    def __bool__(self) -> bool:
+        return self._point._any_hooks()
+
+    def __call__(self, dir: str = "both", including_permanent: bool = True, level: Optional[int] = None) -> bool:
+        check_direction(dir, ("fwd", "bwd", "both"), f" (has_hooks at {self._point.name})")
+        check_level(level)
+        registrations = {"fwd": self._point.fwd_hooks, "bwd": self._point.bwd_hooks,
+                         "both": self._point.fwd_hooks + self._point.bwd_hooks}[dir]
+        return any((including_permanent or not r.is_permanent) and (level is None or r.context_level == level)
+                   for r in registrations)
+
+    def __eq__(self, other) -> bool:
+        return bool(self) == other
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return repr(bool(self))
+
+
 class HookPoint(nn.Module):
     """Identity at a named point of the forward pass. ``name`` is set by the root model."""
 
@@ -126,10 +157,15 @@ class HookPoint(nn.Module):
         self.ctx: dict = {}
 
     @property
-    def has_hooks(self) -> bool:
-        """True when anything would see this point's value: glassbox hooks, or torch's own module hooks
-        (``register_forward_hook`` on this point, or a global ``register_module_forward_hook``), so the
-        fused paths that skip an unhooked point (attention's kernel, a norm's scale) never skip one."""
+    def has_hooks(self) -> "HookPresence":
+        """Truthy while anything would see this point's value (``if point.has_hooks``): glassbox hooks, or
+        torch's own module hooks (``register_forward_hook`` on this point, or a global
+        ``register_module_forward_hook``), so the fused paths that skip an unhooked point (attention's
+        kernel, a norm's scale) never skip one. Called, TransformerLens 3.x's
+        ``has_hooks(dir="both", including_permanent=True, level=None)`` -> bool over glassbox's hooks."""
+        return HookPresence(self)
+
+    def _any_hooks(self) -> bool:
         return bool(self.fwd_hooks or self.bwd_hooks or self._forward_hooks or self._forward_pre_hooks
                     or self._backward_hooks or self._backward_pre_hooks or _torch_global_hooks())
 

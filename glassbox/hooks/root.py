@@ -42,7 +42,35 @@ NameOrFilter = Union[str, Callable[[str], bool]]
 HookSpec = Sequence[tuple]
 
 
-class HookedRootModule(nn.Module):
+class HookIntrospectionMixin:
+    """``list_hooks()`` for any class with a ``hook_dict`` {name: HookPoint} (an attribute or a property),
+    as TransformerLens 3.x's mixin of that name; HookedRootModule has it."""
+
+    def list_hooks(self, name_filter=None, dir: str = "both", including_permanent: bool = True) -> dict:
+        """Attached registrations by hook name (points without any left out), as TransformerLens's
+        ``list_hooks``: ``name_filter`` is None (all), a name, a list of names or a callable."""
+        check_direction(dir)
+        if name_filter is None:
+            wanted = lambda name: True
+        elif isinstance(name_filter, str):
+            wanted = lambda name: name == name_filter
+        elif callable(name_filter):
+            wanted = name_filter
+        else:
+            names = set(name_filter)
+            wanted = lambda name: name in names
+        out = {}
+        for name, point in getattr(self, "hook_dict").items():
+            if wanted(name):
+                found = [r for side in ("fwd", "bwd") if dir in (side, "both")
+                         for r in (point.fwd_hooks if side == "fwd" else point.bwd_hooks)
+                         if including_permanent or not r.is_permanent]
+                if found:
+                    out[name] = found
+        return out
+
+
+class HookedRootModule(HookIntrospectionMixin, nn.Module):
     hook_dict: dict
     mod_dict: dict
     hook_guard: HookStateGuard
@@ -106,28 +134,6 @@ class HookedRootModule(nn.Module):
             f"a hook target is a hook name or a callable filter on names, got {type(name_or_filter).__name__}"
         )
 
-    def list_hooks(self, name_filter=None, dir: str = "both", including_permanent: bool = True) -> dict:
-        """Attached registrations by hook name (points without any left out), as TransformerLens's
-        ``list_hooks``: ``name_filter`` is None (all), a name, a list of names or a callable."""
-        check_direction(dir)
-        if name_filter is None:
-            wanted = lambda name: True
-        elif isinstance(name_filter, str):
-            wanted = lambda name: name == name_filter
-        elif callable(name_filter):
-            wanted = name_filter
-        else:
-            names = set(name_filter)
-            wanted = lambda name: name in names
-        out = {}
-        for name, point in self.hook_dict.items():
-            if wanted(name):
-                found = [r for side in ("fwd", "bwd") if dir in (side, "both")
-                         for r in (point.fwd_hooks if side == "fwd" else point.bwd_hooks)
-                         if including_permanent or not r.is_permanent]
-                if found:
-                    out[name] = found
-        return out
 
     # -- adding and removing -----------------------------------------------------------------
     def add_hook(self, name: NameOrFilter, hook: HookFn, dir: str = "fwd", is_permanent: bool = False,

@@ -24,7 +24,8 @@ def to_numpy(value) -> np.ndarray:
         return value.numpy()
     if isinstance(value, (int, float, bool, str, np.generic)):
         return np.array(value)
-    raise ValueError(f"to_numpy takes a tensor, array, list, tuple or scalar, got {type(value).__name__}")
+    raise ValueError(f"to_numpy got an invalid type, {type(value).__name__}: it takes a tensor, array, list, tuple or "
+                     "scalar")
 
 
 def get_corner(tensor, n: int = 3):

@@ -81,3 +81,8 @@ ACTIVATIONS = {
 }
 # Accepted by transformers, refused here: their learned parameters are not MLP weights glassbox holds.
 PARAMETRISED_ACTIVATIONS = ("prelu", "xielu")
+
+
+def soft_cap(x: Tensor, cap: float) -> Tensor:
+    """Gemma's soft cap, ``cap * tanh(x / cap)`` (the attention scores' and the logits'; cap > 0)."""
+    return cap * torch.tanh(x / cap)

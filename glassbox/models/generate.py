@@ -251,6 +251,17 @@ def _token_counts(tokens: Tensor, mask: Optional[Tensor], d_vocab: int) -> Tenso
     return counts.scatter_add_(1, tokens.long(), weights)
 
 
+def repetition_penalized(logits: Float[Tensor, "batch d_vocab"], tokens: Integer[Tensor, "batch pos"],
+                         penalty: float) -> Float[Tensor, "batch d_vocab"]:
+    """Hugging Face's repetition penalty, as a new tensor: the logit of each id that occurs in a row of
+    ``tokens`` is divided by ``penalty`` where it is positive and multiplied by it where it is not."""
+    if tokens.ndim != 2 or tokens.shape[0] != logits.shape[0]:
+        raise ValueError(f"tokens must be [batch={logits.shape[0]} pos] ids, got shape {tuple(tokens.shape)}")
+    seen = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+    seen.scatter_(1, tokens.long().to(logits.device), True)
+    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+
+
 def _tokenizer_eos(model) -> Optional[int]:
     try:
         tokenizer = model.tokenizer

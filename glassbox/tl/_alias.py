@@ -47,16 +47,25 @@ MODULE_PATHS = {
     "utilities.matrix": ("utils", ["composition_scores"]),
     "utilities.slice": ("utils", ["Slice"]),
     "utilities.tensors": ("utils", ["to_numpy", "get_corner", "remove_batch_dim", "transpose", "is_square",
-                                    "is_lower_triangular"]),
+                                    "is_lower_triangular", "filter_dict_by_prefix"]),
     "utilities.tokenize_utils": ("utils", ["tokenize_and_concatenate", "get_input_with_manually_prepended_bos",
                                            "get_tokens_with_bos_removed", "get_attention_mask"]),
+}
+
+
+# TransformerLens 3.x utilities modules whose names glassbox.tl.utils does not hold: path -> glassbox.tl module.
+SUBMODULES = {
+    "utilities.cache": "_utilities.cache",
+    "utilities.logits_utils": "_utilities.logits_utils",
+    "utilities.parameter_swap": "_utilities.parameter_swap",
+    "utilities.typed_module_list": "_utilities.typed_module_list",
 }
 
 
 def _submodules(package) -> list:
     names = [package.__name__]
     for info in pkgutil.walk_packages(package.__path__, prefix=package.__name__ + "."):
-        if info.name.rsplit(".", 1)[-1].startswith("_"):
+        if any(part.startswith("_") for part in info.name[len(package.__name__) + 1:].split(".")):
             continue
         names.append(info.name)
     return names
@@ -85,5 +94,7 @@ def as_transformer_lens():
     sys.modules[ALIAS + ".utilities"] = package.utils
     for path, (target, _) in MODULE_PATHS.items():
         # a private module (``_attention_utils``) is registered only under the TransformerLens path
+        sys.modules[f"{ALIAS}.{path}"] = importlib.import_module(f"{package.__name__}.{target}")
+    for path, target in SUBMODULES.items():
         sys.modules[f"{ALIAS}.{path}"] = importlib.import_module(f"{package.__name__}.{target}")
     return package

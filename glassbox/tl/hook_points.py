@@ -2,9 +2,9 @@
 
 from typing import Callable, Optional, Sequence, Union
 
-from ..hooks import HookedRootModule, HookHandle, HookPoint
+from ..hooks import HookedRootModule, HookHandle, HookIntrospectionMixin, HookPoint
 
 LensHandle = HookHandle  # what add_hook returns: ``handle.remove()`` detaches that one registration
 NamesFilter = Optional[Union[Callable[[str], bool], Sequence[str], str]]
 
-__all__ = ["HookPoint", "HookedRootModule", "LensHandle", "NamesFilter"]
+__all__ = ["HookIntrospectionMixin", "HookPoint", "HookedRootModule", "LensHandle", "NamesFilter"]

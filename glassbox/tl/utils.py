@@ -33,18 +33,31 @@ from ..models.transformer import lm_loss
 from ..train import param_init
 from ..train.datasets import cached_hf_dataset, keep_column, pack_hf_dataset, pack_texts
 
+from ._utilities.logits_utils import logits_to_df, sample_logits
+from ._utilities.parameter_swap import temporarily_swap_parameter
+from ._utilities.typed_module_list import TypedModuleList
+
 USE_DEFAULT_VALUE = None
 
 __all__ = [
     "ACTIVATION_FN_DICT", "XIELU", "complex_attn_linear", "simple_attn_linear", "solu", "xielu",
-    "Slice", "SliceInput", "USE_DEFAULT_VALUE", "calc_fan_in_and_fan_out", "composition_scores",
+    "Slice", "SliceInput", "TypedModuleList", "USE_DEFAULT_VALUE", "calc_fan_in_and_fan_out", "composition_scores",
     "download_file_from_hf", "gelu_new", "get_act_name", "get_attention_mask", "get_corner", "get_dataset",
     "get_device", "get_input_with_manually_prepended_bos",
     "get_tokens_with_bos_removed", "init_kaiming_normal_", "init_kaiming_uniform_", "init_xavier_normal_",
     "init_xavier_uniform_", "is_library_available", "is_lower_triangular", "is_square", "keep_single_column", "lm_accuracy",
-    "lm_cross_entropy_loss", "override_or_use_default_value", "remove_batch_dim", "test_prompt", "to_numpy",
+    "filter_dict_by_prefix", "lm_cross_entropy_loss", "logits_to_df", "override_or_use_default_value",
+    "remove_batch_dim", "sample_logits", "temporarily_swap_parameter", "test_prompt", "to_numpy",
     "tokenize_and_concatenate", "transpose",
 ]
+
+
+def filter_dict_by_prefix(dictionary: dict, prefix: str) -> dict:
+    """The entries whose key starts with ``prefix`` + "." (one dot, whether or not ``prefix`` ends with
+    it), keyed by the rest: ``{"blocks.0.W_Q": w}``, "blocks.0" -> ``{"W_Q": w}``."""
+    start = prefix if prefix.endswith(".") else prefix + "."
+    return {key[len(start):]: value for key, value in dictionary.items() if key.startswith(start)}
+
 
 def get_act_name(name, layer=None, layer_type=None) -> str:
     """A hook name from TransformerLens's shorthand: ``("k", 6, "a")``, ``"k6"``, ``"scale4ln1"``, a full name."""
