@@ -416,8 +416,12 @@ def test_pretrained_config_without_weights():
     assert cfg.normalization_type == "LNPre" and cfg.act_fn == "gelu_new" and cfg.model_name == "gpt2-small"
     shipped = get_pretrained_model_config("glassbox-austen")
     model = tl.HookedTransformer.from_pretrained("glassbox-austen", device="cpu", fold_ln=False)
-    for field in ("n_layers", "d_model", "n_heads", "d_mlp", "d_vocab", "n_ctx", "normalization_type", "n_params"):
+    for field in ("n_layers", "d_model", "n_heads", "d_mlp", "d_vocab", "n_ctx", "normalization_type", "n_params",
+                  "tokenizer_name"):
         assert getattr(shipped, field) == getattr(model.cfg, field), field
+    # TransformerLens names the hub repo the tokenizer loads from (a tokenizer-only subclass reloads it);
+    # the shipped model's tokenizer is glassbox's own, as from_pretrained's config says
+    assert cfg.tokenizer_name == "gpt2" and shipped.tokenizer_name is None
     with pytest.raises(ValueError, match="'gpt2' has no training checkpoints"):
         get_pretrained_model_config("gpt2", checkpoint_index=1)
     with pytest.raises(ValueError, match="first_n_layers not supported"):

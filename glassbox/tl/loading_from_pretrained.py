@@ -106,7 +106,31 @@ def get_pretrained_model_config(model_name: str, hf_cfg=None, checkpoint_index=N
         fields["device"] = str(device)
     if default_prepend_bos is not None:
         fields["default_prepend_bos"] = default_prepend_bos
+    fields["tokenizer_name"] = tokenizer_name_of(name, revision)
     return HookedTransformerConfig.from_glassbox(cfg, **fields, **checkpoint)
+
+
+GPT2_TOKENIZER_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2", "openai-community/gpt2")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+
+
+def tokenizer_name_of(official: str, revision: Optional[str] = None) -> Optional[str]:
+    """``cfg.tokenizer_name`` of a model loaded by name: where ``AutoTokenizer.from_pretrained`` finds its
+    tokenizer, as TransformerLens sets it (code such as a subclass that builds only the tokenizer reloads
+    it from there): GPT-2's names; a folder, or a hub repo id, whose files hold a tokenizer. None for a
+    model without tokenizer files (a shipped model, whose tokenizer glassbox builds itself)."""
+    from pathlib import Path
+
+    from ..weights.pretrained import SHIPPED_DIR, resolve
+
+    if official in GPT2_TOKENIZER_NAMES:
+        return official
+    folder = Path(str(official)).expanduser()
+    if not folder.is_dir():
+        if not is_hub_repo_id(str(official)) or (SHIPPED_DIR / str(official)).is_dir():
+            return None
+        folder = resolve(official, revision=revision)
+    return str(official) if any((folder / name).is_file() for name in TOKENIZER_FILES) else None
 
 
 def get_checkpoint_labels(model_name: str, **kwargs):
@@ -129,3 +153,4 @@ def checkpoint_fields(official: str, checkpoint_index: Optional[int] = None, che
     index = checkpoint_index if checkpoint_index is not None else checkpoint_labels(official)[0].index(step)
     return checkpoint_revision_name, dict(from_checkpoint=True, checkpoint_index=index, checkpoint_value=step,
                                           checkpoint_label_type="step")
+
