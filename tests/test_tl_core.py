@@ -416,10 +416,20 @@ def test_pretrained_config_without_weights():
     assert cfg.normalization_type == "LNPre" and cfg.act_fn == "gelu_new" and cfg.model_name == "gpt2-small"
     shipped = get_pretrained_model_config("glassbox-austen")
     model = tl.HookedTransformer.from_pretrained("glassbox-austen", device="cpu", fold_ln=False)
-    for field in ("n_layers", "d_model", "n_heads", "d_mlp", "d_vocab", "n_ctx", "normalization_type", "n_params"):
+    for field in ("n_layers", "d_model", "n_heads", "d_mlp", "d_vocab", "n_ctx", "normalization_type", "n_params",
+                  "tokenizer_name"):
         assert getattr(shipped, field) == getattr(model.cfg, field), field
+    # TransformerLens names the hub repo the tokenizer loads from (a tokenizer-only subclass reloads it);
+    # the shipped model's tokenizer is glassbox's own, as from_pretrained's config says
+    assert cfg.tokenizer_name == "gpt2" and shipped.tokenizer_name is None
     with pytest.raises(ValueError, match="'gpt2' has no training checkpoints"):
         get_pretrained_model_config("gpt2", checkpoint_index=1)
+    from glassbox.tl.loading_from_pretrained import Config, get_basic_config
+
+    basic = get_basic_config("gpt2-small")  # TransformerLens's basic Config, GPT-2 small's published sizes
+    assert basic == Config(d_model=768, debug=True, layer_norm_eps=1e-5, d_vocab=50257, init_range=0.02, n_ctx=1024,
+                           d_head=64, d_mlp=3072, n_heads=12, n_layers=12)
+    assert get_basic_config("glassbox-austen").d_model == shipped.d_model
     with pytest.raises(ValueError, match="first_n_layers not supported"):
         get_pretrained_model_config("gpt2", first_n_layers=1)
 

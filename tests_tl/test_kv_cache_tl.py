@@ -13,6 +13,7 @@ import torch
 from glassbox.tl.past_key_value_caching import HookedTransformerKeyValueCache as OurCache
 from tl_oracle import max_diff, tiny_model, tl_twin
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache as TheirCache
+from transformer_lens.utils import get_attention_mask as tl_get_attention_mask
 
 # measured max |ours - theirs| over these tests: 2.0e-6 (values up to 4.9), bound 3e-5: 15x
 BOUND = 3e-5
@@ -125,3 +126,61 @@ def test_append_attention_mask(pair):
     got, want = ours.append_attention_mask(second), theirs.append_attention_mask(second)
     assert got.tolist() == want.bool().tolist() and got.shape == (2, 7)
     assert ours.previous_attention_mask.shape == theirs.previous_attention_mask.shape == (2, 5)
+
+
+PRE = ["It's always locked", "I'd rather be burned in Canada"]
+POST = [" by the magistrate", " than to freeze here in the South"]
+
+
+@pytest.fixture(scope="module")
+def padded_pair():
+    """The pair with a GPT-2 tokenizer each (pad = eos = BOS = 50256) and left padding by default."""
+    import copy
+
+    import glassbox.tl as gtl
+    from glassbox.models import gpt2_tokenizer
+
+    model = tiny_model(3, n_layers=2).eval()
+    ours = gtl.HookedTransformer.from_glassbox(model, fold_ln=False, center_writing_weights=False,
+                                               center_unembed=False, fold_value_biases=False,
+                                               default_padding_side="left")
+    twin = tl_twin(model, tokenizer=copy.deepcopy(gpt2_tokenizer()))
+    twin.tokenizer.padding_side = "left"
+    return ours, twin
+
+
+@pytest.mark.parametrize("pre_side", ["left", "right"])
+@pytest.mark.parametrize("post_side", ["left", "right"])
+@torch.no_grad()
+def test_padded_token_ids_with_a_cache_are_masked_as_transformer_lens_does(padded_pair, pre_side, post_side):
+    """Token ids passed without an attention_mask, with a cache: TransformerLens takes the leading
+    (left) or trailing (right) pad ids for padding (TransformerLens's 2.18 test_multi_token_batch).
+    glassbox.tl attended to them as real tokens, moving the continuation's logits by ~1."""
+    ours, twin = padded_pair
+    pre, post = twin.to_tokens(PRE, padding_side=pre_side), twin.to_tokens(POST, prepend_bos=False,
+                                                                           padding_side=post_side)
+    assert (pre == 50256).sum() > 2 and (post == 50256).sum() > 0  # both are padded
+    caches = OurCache.init_cache(ours.cfg, "cpu", 2), TheirCache.init_cache(twin.cfg, "cpu", 2)
+    outs = []
+    for m, cache in zip((ours, twin), caches):
+        m(pre, past_kv_cache=cache, padding_side=pre_side)
+        cache.freeze()
+        outs.append(m(post, past_kv_cache=cache, padding_side=post_side, prepend_bos=False))
+    real = post != 50256
+    assert max_diff(outs[0][real], outs[1][real]) < BOUND  # measured <= 1.5e-6
+    # and the first row's continuation is what the unpadded prompt gives, as the test asserts
+    alone = twin.to_tokens(PRE[0] + POST[0])
+    n = real[0].sum()
+    row = outs[0][0, -n:] if post_side == "left" else outs[0][0, :n]
+    assert max_diff(row, ours(alone)[0, -n:]) < BOUND  # measured <= 1.2e-6
+
+
+@torch.no_grad()
+def test_left_padded_token_ids_without_a_cache_are_masked_as_transformer_lens_does(padded_pair):
+    ours, twin = padded_pair
+    for bos in (True, False):
+        tokens = twin.to_tokens(PRE, prepend_bos=bos)  # left padded
+        want, got = twin(tokens, prepend_bos=bos), ours(tokens, prepend_bos=bos)
+        real = tl_get_attention_mask(twin.tokenizer, tokens, bos).bool()  # a BOS equal to the pad stays real
+        assert not real.all()
+        assert max_diff(got[real], want[real]) < BOUND  # measured <= 1.8e-6

@@ -46,14 +46,13 @@ from .config.fields import FLAGS
 from .config.hooked_transformer_config import HookedTransformerConfig, default_device
 from ._run_with_cache import tl_run_with_cache
 from ._tokenizer import TokenizerConventions
-from .loading_from_pretrained import checkpoint_fields, get_official_model_name
+from .loading_from_pretrained import GPT2_TOKENIZER_NAMES, TOKENIZER_FILES, checkpoint_fields, get_official_model_name
 
 Loss = Tensor  # a 0-d mean loss, or [batch pos-1] per token
 Output = Union[None, Tensor, Loss, Tuple[Tensor, Loss]]
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-GPT2_TOKENIZER_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2", "openai-community/gpt2")
 
 
 def _tokenizer_named(name: str):
@@ -62,9 +61,6 @@ def _tokenizer_named(name: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(name)
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 
 
 def _tokenizer_name(official: str, tokenizer, base, hf_model) -> Optional[str]:
@@ -111,6 +107,11 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
             tl_cfg = copy.deepcopy(tl_cfg)
         if tokenizer is None and tl_cfg.tokenizer_name is not None:
             tokenizer = _tokenizer_named(tl_cfg.tokenizer_name)
+        if tokenizer is not None and tl_cfg._glassbox is not None:
+            from ..weights.pretrained import check_tokenizer
+
+            check_tokenizer(tokenizer, tl_cfg.glassbox, "the tokenizer given" if tl_cfg.tokenizer_name is None
+                            else f"tokenizer_name={tl_cfg.tokenizer_name!r}")
         if tl_cfg._glassbox is None:
             if tokenizer is None:
                 raise ValueError("HookedTransformerConfig has d_vocab=-1: give d_vocab, or a tokenizer (or "
@@ -322,11 +323,24 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
         return self.to(self.cfg._values["device"])
 
     def set_tokenizer(self, tokenizer, default_padding_side: Optional[str] = None) -> None:
-        """Use ``tokenizer``; ``default_padding_side`` (None: the tokenizer's) becomes the model's default."""
+        """Use ``tokenizer``; ``default_padding_side`` (None: the tokenizer's) becomes the model's default.
+        A tokenizer with fewer tokens than ``cfg.d_vocab`` is fine (Pythia pads its embedding to 50304);
+        one with more is a ValueError naming both sizes, since its extra ids have no embedding."""
+        from ..weights.pretrained import check_tokenizer
+
         if default_padding_side not in ("left", "right", None):
             raise ValueError(f"default_padding_side must be 'left', 'right' or None, got {default_padding_side!r}")
+        if self.cfg.d_vocab != -1:
+            check_tokenizer(tokenizer, self.cfg, "set_tokenizer")
         self.tokenizer = tokenizer  # the model's own copy, pad = eos (see _tokenizer)
         self.default_padding_side = default_padding_side
+
+    def cfg_device(self) -> torch.device:
+        """The device tokens go to: the parameters', or ``cfg.device`` for an object whose nn.Module was never
+        initialised (a subclass that only sets ``cfg`` and a tokenizer, as TransformerLens allows)."""
+        if "_parameters" not in self.__dict__:
+            return torch.device(self.cfg.device if self.cfg.device is not None else "cpu")
+        return super().cfg_device()
 
     def init_weights(self) -> None:
         """Initialise every weight again (glassbox's scheme; see the module docstring)."""
@@ -399,6 +413,8 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
             raise ValueError("shortformer_pos_embed is not supported: glassbox has no shortformer positions")
         if isinstance(start_at_layer, int) and -self.cfg.n_layers <= start_at_layer < 0:
             start_at_layer += self.cfg.n_layers  # TransformerLens slices the blocks: -1 is the last block
+        if attention_mask is None and start_at_layer is None:
+            attention_mask = self._pads_of_ids(input, prepend_bos, padding_side, past_kv_cache)
         return super().forward(input, return_type=return_type, loss_per_token=loss_per_token,
                                attention_mask=attention_mask, prepend_bos=prepend_bos,
                                padding_side=padding_side, stop_at_layer=stop_at_layer,

@@ -11,10 +11,18 @@ TransformerLens.
 glassbox's own HookedTransformer keeps its rule: it never edits a tokenizer; pads are the pad token,
 else BOS; ``padding_side=None`` is the tokenizer's own side (see ``glassbox.models.tokenize``).
 
-Footgun: the copy is the model's; editing the tokenizer object passed in afterwards does not reach it.
+Token ids given to the forward without an ``attention_mask`` are masked as TransformerLens masks them
+when the model pads on the left or a key-value cache is passed (``_pads_of_ids``).
+
+Footguns: the copy is the model's; editing the tokenizer object passed in afterwards does not reach it.
+Under that rule a real token equal to the pad token (GPT-2's eos) at the start (left) or end (right) of
+a row of ids counts as padding, as in TransformerLens; pass ``attention_mask`` to say otherwise.
 """
 
 from typing import Optional
+
+import numpy as np
+from torch import Tensor
 
 from ..models.inputs import check_padding_side
 from ..models.tokenize import tokenizer_copy
@@ -64,3 +72,24 @@ class TokenizerConventions:
     def resolve_padding_side(self, padding_side: Optional[str]) -> str:
         """``padding_side=None`` is the model's ``default_padding_side`` (its tokenizer's side)."""
         return super().resolve_padding_side(padding_side or self.default_padding_side)
+
+    def _pads_of_ids(self, input, prepend_bos, padding_side, past_kv_cache) -> Optional[Tensor]:
+        """TransformerLens's mask for token ids given without one, when it pads on the left or a key-value
+        cache is passed: the leading (left) or trailing (right) ids equal to the tokenizer's pad token are
+        padding, except a BOS that is also the pad token when ``prepend_bos`` (``utils.get_attention_mask``).
+        None when every position is real, or for text (its mask comes from tokenizing it)."""
+        if not isinstance(input, (Tensor, np.ndarray)):
+            return None
+        side = self.resolve_padding_side(padding_side)
+        if side != "left" and past_kv_cache is None:
+            return None  # TransformerLens: right padding needs no mask, the causal mask hides the pads
+        try:
+            tokenizer = self.tokenizer
+        except ValueError:
+            return None  # no tokenizer, so no pad token: every id is real
+        from ..interp.token_masks import pad_attention_mask
+        from ..models.inputs import as_tokens
+
+        tokens = as_tokens(input, self.cfg_device())
+        mask = pad_attention_mask(tokenizer, tokens, self._prepend_bos(prepend_bos), side)
+        return None if bool(mask.all()) else mask

@@ -16,6 +16,7 @@ schedule, loaded from the local hub cache's revision (``refs/step1000``) or fetc
 lacks offline is an error naming the revision and the revisions cached.
 """
 
+import dataclasses
 from typing import Dict, List, Optional
 
 from ..weights.checkpoints import checkpoint_labels, checkpoint_revision
@@ -122,7 +123,31 @@ def get_pretrained_model_config(model_name: str, hf_cfg=None, checkpoint_index=N
         fields["device"] = str(device)
     if default_prepend_bos is not None:
         fields["default_prepend_bos"] = default_prepend_bos
+    fields["tokenizer_name"] = tokenizer_name_of(name, revision)
     return HookedTransformerConfig.from_glassbox(cfg, **fields, **checkpoint)
+
+
+GPT2_TOKENIZER_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2", "openai-community/gpt2")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+
+
+def tokenizer_name_of(official: str, revision: Optional[str] = None) -> Optional[str]:
+    """``cfg.tokenizer_name`` of a model loaded by name: where ``AutoTokenizer.from_pretrained`` finds its
+    tokenizer, as TransformerLens sets it (code such as a subclass that builds only the tokenizer reloads
+    it from there): GPT-2's names; a folder, or a hub repo id, whose files hold a tokenizer. None for a
+    model without tokenizer files (a shipped model, whose tokenizer glassbox builds itself)."""
+    from pathlib import Path
+
+    from ..weights.pretrained import SHIPPED_DIR, resolve
+
+    if official in GPT2_TOKENIZER_NAMES:
+        return official
+    folder = Path(str(official)).expanduser()
+    if not folder.is_dir():
+        if not is_hub_repo_id(str(official)) or (SHIPPED_DIR / str(official)).is_dir():
+            return None
+        folder = resolve(official, revision=revision)
+    return str(official) if any((folder / name).is_file() for name in TOKENIZER_FILES) else None
 
 
 def get_checkpoint_labels(model_name: str, **kwargs):
@@ -145,3 +170,61 @@ def checkpoint_fields(official: str, checkpoint_index: Optional[int] = None, che
     index = checkpoint_index if checkpoint_index is not None else checkpoint_labels(official)[0].index(step)
     return checkpoint_revision_name, dict(from_checkpoint=True, checkpoint_index=index, checkpoint_value=step,
                                           checkpoint_label_type="step")
+
+
+# The weight matrices whose absence means a wrong conversion: filling them would silently zero a sublayer.
+FAIL_LOUD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "_W_K", "_W_V", "W_in", "W_gate", "W_out")
+
+
+def fill_missing_keys(model, state_dict: dict) -> dict:
+    """TransformerLens 3.9's ``fill_missing_keys``: ``state_dict`` (changed in place and returned) with every
+    key of ``model.state_dict()`` it lacks filled with the model's current tensor (keys holding "hf_model"
+    skipped). A missing attention or MLP matrix (``FAIL_LOUD_WEIGHTS``) is a ValueError naming them, before
+    anything is filled; another missing weight matrix, or a norm's w / b (filled with the model's, the
+    identity norm of a fresh model), is filled with a ``logging.warning`` naming it, in TransformerLens's words."""
+    import logging
+    from collections.abc import MutableMapping
+
+    if not isinstance(state_dict, MutableMapping):
+        raise TypeError(f"state_dict must be a dict of parameter name to tensor, got {type(state_dict).__name__}")
+    if not callable(getattr(model, "state_dict", None)):
+        raise TypeError(f"model must be a torch module (it gives the keys and defaults), got {type(model).__name__}")
+    default = model.state_dict()
+    missing = sorted(set(default) - set(state_dict))
+    loud = [key for key in missing if "hf_model" not in key and key.rsplit(".", 1)[-1] in FAIL_LOUD_WEIGHTS]
+    if loud:
+        raise ValueError(f"Pretrained state dict is missing weight matrices the model expects: {loud}. This usually "
+                         "means the weight converter and the instantiated module disagree on parameter naming. "
+                         "Refusing to zero-fill them, which would silently produce wrong outputs.")
+    for key in missing:
+        if "hf_model" in key:
+            continue
+        leaf = key.rsplit(".", 1)[-1]
+        if "W_" in key:
+            logging.warning(f"Missing key for a weight matrix in pretrained, filled in with an empty tensor: {key}")
+        elif leaf in ("w", "b") and ("ln" in key or "norm" in key):
+            logging.warning(f"Missing normalization key in pretrained, filled with its default (identity norm): {key}")
+        state_dict[key] = default[key]
+    return state_dict
+
+
+@dataclasses.dataclass
+class Config:
+    """TransformerLens's basic config: the sizes of a model (``get_basic_config``)."""
+
+    d_model: int = 768
+    debug: bool = True
+    layer_norm_eps: float = 1e-5
+    d_vocab: int = 50257
+    init_range: float = 0.02
+    n_ctx: int = 1024
+    d_head: int = 64
+    d_mlp: int = 3072
+    n_heads: int = 12
+    n_layers: int = 12
+
+
+def get_basic_config(model_name: str, **kwargs) -> Config:
+    """``Config`` of the fields of ``get_pretrained_model_config(model_name, **kwargs)`` it has."""
+    values = get_pretrained_model_config(model_name, **kwargs).to_dict()
+    return Config(**{field.name: values[field.name] for field in dataclasses.fields(Config) if field.name in values})
