@@ -48,8 +48,11 @@ def prepare(tests: Path, work: Path, version: str) -> list:
     return entries
 
 
-def environment(cache: Path, work: Path) -> dict:
+def environment(cache: Path, work: Path, threads: int = 1) -> dict:
     env = dict(os.environ)
+    # One thread by default: on a shared 2-core machine torch's default (2) made a small matmul ~1000x
+    # slower under load and pushed tests past their time limit.
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HUB_CACHE=str(cache),
                HF_DATASETS_CACHE=str(work.parent / "datasets-cache"), HF_HUB_DISABLE_TELEMETRY="1",
                PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
@@ -184,6 +187,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cache", type=Path, help="a stand-in hub cache built already (hub_cache.py)")
     parser.add_argument("--count-python", default="/work/main/.tlenv/bin/python")
     parser.add_argument("--timeout", type=int, default=300, help="seconds one test may run")
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS / MKL_NUM_THREADS for the tests")
     parser.add_argument("--summarise-only", action="store_true",
                         help="no run: summarise OUT/progress.tsv of a run that was stopped")
     args, extra = parser.parse_known_args(argv)  # what follows "--" goes to pytest (-k, -x, a path)
@@ -208,7 +212,7 @@ def main(argv=None) -> int:
         hub_cache.build(cache)
     work = out / "work"
     entries = prepare(args.tests.resolve(), work, args.version)
-    env = environment(cache, work)
+    env = environment(cache, work, args.threads)
     env["GLASSBOX_TL_SUITE_TIMEOUT"] = str(args.timeout)
     env["GLASSBOX_TL_SUITE_PROGRESS"] = str(out / "progress.tsv")  # one line per test as it finishes
     (out / "progress.tsv").write_text("")
