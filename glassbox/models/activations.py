@@ -9,6 +9,11 @@ accepts are not here, because they carry learned parameters an MLP weight file w
 "gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh" and "gelu_accurate" are one function (the tanh
 approximation), "gelu_fast" the same approximation in its factored form; "gelu" and "gelu_python"
 the exact erf form; "swish" is "silu".
+
+``OWN_ACTIVATIONS`` holds the activations transformers has no name for: "solu", x * softmax(x) over
+d_mlp (Anthropic's SoLU, as TransformerLens's models compute it; the LayerNorm those models put after
+it is ``Config.mlp_ln``, not part of the activation). ``ALL_ACTIVATIONS`` is both tables: what
+``Config.act_fn`` accepts.
 """
 
 import math
@@ -65,6 +70,11 @@ def linear(x: Tensor) -> Tensor:
     return x
 
 
+def solu(x: Tensor) -> Tensor:
+    """x * softmax(x) over the last axis (d_mlp): SoLU, without the LayerNorm that follows it."""
+    return x * torch.softmax(x, dim=-1)
+
+
 ACTIVATIONS = {
     "gelu_new": gelu_new, "gelu": F.gelu, "relu": F.relu, "silu": F.silu,
     "gelu_pytorch_tanh": gelu_new, "gelu_python_tanh": gelu_accurate, "gelu_accurate": gelu_accurate,
@@ -75,3 +85,6 @@ ACTIVATIONS = {
 }
 # Accepted by transformers, refused here: their learned parameters are not MLP weights glassbox holds.
 PARAMETRISED_ACTIVATIONS = ("prelu", "xielu")
+# Not transformers' names: activations of models glassbox loads in other formats.
+OWN_ACTIVATIONS = {"solu": solu}
+ALL_ACTIVATIONS = {**ACTIVATIONS, **OWN_ACTIVATIONS}

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from ..hooks import HookPoint
 from .config import Config
-from .mlp import ACTIVATIONS
+from .activations import ALL_ACTIVATIONS
 from .ops import linear
 
 
@@ -24,7 +24,7 @@ class GatedMLP(nn.Module):
         self.b_gate = nn.Parameter(torch.zeros(cfg.d_mlp)) if cfg.mlp_bias else None
         self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp)) if cfg.mlp_bias else None
         self.b_out = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.mlp_bias else None
-        self.act = ACTIVATIONS[cfg.act_fn]
+        self.act = ALL_ACTIVATIONS[cfg.act_fn]
         self.hook_pre = HookPoint()
         self.hook_pre_linear = HookPoint()
         self.hook_post = HookPoint()

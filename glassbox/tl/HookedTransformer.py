@@ -41,6 +41,7 @@ from ..hooks import HookedRootModule  # noqa: F401  (TransformerLens code import
 from ..models import HookedTransformer as _GlassboxTransformer
 from ..models import PosEmbed as _GlassboxPosEmbed
 from ..models import gpt2_tokenizer
+from .components.norms import give_tl_classes
 from .components.pos_embed import PosEmbed
 from .config.fields import FLAGS
 from .config.hooked_transformer_config import HookedTransformerConfig, default_device
@@ -126,8 +127,10 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
         self.default_padding_side = default_padding_side  # None keeps the tokenizer's own side (TransformerLens)
         if type(self.pos_embed) is _GlassboxPosEmbed:  # the same module and parameter, TransformerLens's forward
             self.pos_embed.__class__ = PosEmbed
-        if values["normalization_type"] in ("LNPre", "RMSPre") and not values["init_weights"]:
+        folded = values["normalization_type"] in ("LNPre", "RMSPre")
+        if folded and not values["init_weights"]:
             self._reset_norms()
+        give_tl_classes(self, folded)  # TransformerLens's norm classes, the same modules
         self.cfg = tl_cfg
         tl_cfg._bind(self)
 
@@ -141,7 +144,7 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
     def _reset_norms(self) -> None:
         """LNPre / RMSPre: every norm at w = 1, b = 0 (the identity affine map)."""
         for name, param in self.named_parameters():
-            if name.startswith("ln_final.") or ".ln1." in name or ".ln2." in name:
+            if name.startswith("ln_final.") or ".ln1." in name or ".ln2." in name or ".mlp.ln." in name:
                 param.fill_(1.0 if name.endswith(".w") else 0.0)
 
     # -- loading -------------------------------------------------------------------------------
@@ -300,6 +303,7 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
         if "fold_ln" in steps:
             self.cfg._values["normalization_type"] = gcfg.normalization + "Pre"
             self.cfg._values["layer_norm_folding"] = True
+            give_tl_classes(self, True)
 
     def process_weights_(self, fold_ln: bool = True, center_writing_weights: bool = True, center_unembed: bool = True,
                          refactor_factored_attn_matrices: bool = False) -> None:

@@ -31,6 +31,8 @@ MODULE_PATHS = {
     "components.unembed": ("components", ["Unembed"]),
     "components.layer_norm": ("components", ["LayerNorm"]),
     "components.rms_norm": ("components", ["RMSNorm"]),
+    "components.layer_norm_pre": ("components", ["LayerNormPre"]),
+    "components.rms_norm_pre": ("components", ["RMSNormPre"]),
     "components.transformer_block": ("components", ["TransformerBlock"]),
     "components.mlps.mlp": ("components.mlps", ["MLP"]),
     "components.mlps.gated_mlp": ("components.mlps", ["GatedMLP"]),
