@@ -71,7 +71,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 def _tokenizer_name(official: str, tokenizer, base, hf_model) -> Optional[str]:
     """``cfg.tokenizer_name``: where ``AutoTokenizer.from_pretrained`` finds the model's tokenizer, as in
     TransformerLens (code such as circuit-tracer's frontend export reloads it from there): GPT-2's
-    names; a folder holding tokenizer files, or a hub repo id, that the tokenizer was loaded from.
+    names; the config's tokenizer_name for a model in TransformerLens's own format; a folder holding
+    tokenizer files, or a hub repo id, that the tokenizer was loaded from.
     None for a tokenizer passed in, an ``hf_model``, or a shipped model's."""
     from pathlib import Path
 
@@ -82,9 +83,25 @@ def _tokenizer_name(official: str, tokenizer, base, hf_model) -> Optional[str]:
     if tokenizer is not None or hf_model is not None or base._tokenizer is None:
         return None
     folder = Path(str(official)).expanduser()
+    own = _tl_format_tokenizer(str(official))
+    if own is not None:  # TransformerLens's own-format models name their tokenizer's repo
+        return own
     if folder.is_dir():
         return str(official) if any((folder / name).is_file() for name in TOKENIZER_FILES) else None
     return str(official) if is_hub_repo_id(str(official)) else None
+
+
+def _tl_format_tokenizer(official: str) -> Optional[str]:
+    """The tokenizer_name of a model in TransformerLens's own format (glassbox.weights.tl_format), else None."""
+    from ..weights.files import read_config
+    from ..weights.pretrained import resolve
+    from ..weights.tl_format import is_tl_format
+
+    try:
+        config = read_config(resolve(official, files=["config.json"]))
+    except (OSError, ValueError):
+        return None
+    return config.get("tokenizer_name") if is_tl_format(config) else None
 
 
 def as_dtype(dtype) -> torch.dtype:
