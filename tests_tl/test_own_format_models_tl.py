@@ -128,3 +128,30 @@ def test_transformer_lens_s_module_paths_give_the_norms():
     assert alias.MODULE_PATHS["components.layer_norm_pre"] == ("components", ["LayerNormPre"])
     assert alias.MODULE_PATHS["components.rms_norm_pre"] == ("components", ["RMSNormPre"])
     assert G.LayerNormPre.__name__ == LayerNormPre.__name__ and G.RMSNormPre.__name__ == RMSNormPre.__name__
+
+
+def test_the_names_transformer_lens_s_own_tests_import_next_to_these_models():
+    from transformer_lens.HookedTransformer import DTYPE_FROM_STRING
+    from transformer_lens.utilities import solu as tl_solu
+
+    assert gtl.HookedTransformer.__module__ == "glassbox.tl.HookedTransformer"
+    from glassbox.tl.HookedTransformer import DTYPE_FROM_STRING as ours
+
+    assert ours == DTYPE_FROM_STRING
+    x = torch.randn(3, 5, 28, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 4
+    # measured 0 (the same formula), bound 1e-15
+    assert max_diff(gtl.utils.solu(x), tl_solu(x)) <= 1e-15
+
+
+def test_remove_batch_dim_of_a_batch_raises_what_transformer_lens_raises():
+    model = gtl.HookedTransformer.from_glassbox(tiny_model(0, **SIZES, **MODELS["solu_ln"]))
+    _, cache = model.run_with_cache(tokens(model, 2, 5))
+    twin = tl_twin(tiny_model(0, **SIZES, **MODELS["solu_ln"]))
+    _, tl_cache = twin.run_with_cache(tokens(model, 2, 5))
+    with pytest.raises(AssertionError):
+        tl_cache.remove_batch_dim()
+    with pytest.raises(AssertionError, match="remove_batch_dim needs batch size 1"):
+        cache.remove_batch_dim()
+    with pytest.raises(ValueError):  # glassbox's own type too
+        cache.remove_batch_dim()
+    assert cache.has_batch_dim and cache["hook_embed"].shape[0] == 2  # left as it was

@@ -19,6 +19,8 @@ GPUS = "needs several GPUs or MPS; glassbox.tl puts a model on one device"
 DOCS = "builds TransformerLens's documentation"
 TOOLS = "TransformerLens's tools / model registry / benchmark scripts, not provided by glassbox.tl"
 LIT = "TransformerLens's LIT integration is not provided"
+TOKENIZER = ("asserts the real tokenizer's ids (NeelNanda/gpt-neox-tokenizer-digits, not on this machine: the "
+             "stand-in holds GPT-2's) or the real model's sizes (d_vocab 48262, d_model 512)")
 
 COMMON = [
     ("tests/acceptance/test_hooked_encoder.py", ENCODERS),
@@ -52,6 +54,18 @@ COMMON = [
     ("tests/acceptance/test_evals.py::test_custom_dataset_ioi_eval", REAL),
     ("tests/acceptance/test_evals.py::test_multitoken_names_ioi_eval", REAL),
     ("tests/acceptance/test_evals.py::test_inverted_template", REAL),
+    # TransformerLens's own-format stand-ins (solu-1l, solu-2l): the real model's scores, token ids, sizes
+    ("tests/integration/test_head_detector.py::Test_detect_head_successful", REAL),
+    ("tests/integration/test_head_detector.py::Test_specific_heads", REAL),
+    ("tests/integration/test_head_detector.py::test_detect_head_exclude_bos", REAL),
+    ("tests/integration/test_head_detector.py::test_detect_head_exclude_current_token", REAL),
+    ("tests/integration/test_head_detector.py::test_detect_head_with_cache", REAL),
+    *((f"tests/integration/test_tokenization_methods.py::{name}", TOKENIZER) for name in (
+        "test_set_tokenizer_during_initialization", "test_to_tokens_default", "test_to_tokens_without_bos",
+        "test_to_string_multiple", "test_to_str_tokens_default", "test_to_str_tokens_without_bos",
+        "test_to_single_token", "test_to_single_str_tokent", "test_get_token_position_not_found",
+        "test_tokens_to_residual_directions")),
+    ("tests/integration/test_utils_tokens.py::test_test_prompt", TOKENIZER),
 ]
 
 V39_ONLY = [

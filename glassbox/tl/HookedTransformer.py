@@ -54,6 +54,8 @@ Output = Union[None, Tensor, Loss, Tuple[Tensor, Loss]]
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+# TransformerLens's table of the dtype names from_pretrained takes (glassbox's DTYPES adds float64).
+DTYPE_FROM_STRING = {name: DTYPES[name] for name in ("float32", "fp32", "float16", "fp16", "bfloat16", "bf16")}
 GPT2_TOKENIZER_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2", "openai-community/gpt2")
 
 

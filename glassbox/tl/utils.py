@@ -26,6 +26,7 @@ from ..interp.lm_metrics import next_token_accuracy
 from ..interp.prompts import format_prompt_report, prompt_report
 from ..interp.tensor_utils import get_corner, is_lower_triangular, is_square, remove_batch_dim, to_numpy, transpose
 from ..interp.token_masks import pad_attention_mask, remove_bos
+from ..models.activations import solu  # TransformerLens's SoLU (its "solu_ln" MLP adds a LayerNorm after it)
 from ..models.mlp import gelu_new
 from ..models.transformer import lm_loss
 from ..train import param_init
@@ -39,7 +40,7 @@ __all__ = [
     "get_device", "get_input_with_manually_prepended_bos",
     "get_tokens_with_bos_removed", "init_kaiming_normal_", "init_kaiming_uniform_", "init_xavier_normal_",
     "init_xavier_uniform_", "is_library_available", "is_lower_triangular", "is_square", "keep_single_column", "lm_accuracy",
-    "lm_cross_entropy_loss", "override_or_use_default_value", "remove_batch_dim", "test_prompt", "to_numpy",
+    "lm_cross_entropy_loss", "override_or_use_default_value", "remove_batch_dim", "solu", "test_prompt", "to_numpy",
     "tokenize_and_concatenate", "transpose",
 ]
 
