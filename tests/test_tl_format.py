@@ -155,3 +155,13 @@ def test_an_attention_only_folder_needs_no_mlp_weights(tmp_path):
     assert model.cfg.attn_only and not hasattr(model.blocks[0], "mlp")
     with pytest.raises(ValueError, match="unexpected blocks.0.mlp"):  # an MLP an attention-only model lacks
         from_pretrained(folder_with(tmp_path, config={**CONFIG, "attn_only": True}))
+
+
+def test_clear_huggingface_cache_deletes_nothing(tmp_path, monkeypatch):
+    from glassbox.tl import utils
+
+    (tmp_path / "models--org--x").mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(NotImplementedError, match="never deletes the Hugging Face cache"):
+        utils.clear_huggingface_cache()
+    assert (tmp_path / "models--org--x").is_dir()

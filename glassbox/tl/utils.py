@@ -35,7 +35,7 @@ from ..train.datasets import cached_hf_dataset, keep_column, pack_hf_dataset, pa
 USE_DEFAULT_VALUE = None
 
 __all__ = [
-    "Slice", "SliceInput", "USE_DEFAULT_VALUE", "calc_fan_in_and_fan_out", "composition_scores",
+    "Slice", "SliceInput", "USE_DEFAULT_VALUE", "calc_fan_in_and_fan_out", "clear_huggingface_cache", "composition_scores",
     "download_file_from_hf", "gelu_new", "get_act_name", "get_attention_mask", "get_corner", "get_dataset",
     "get_device", "get_input_with_manually_prepended_bos",
     "get_tokens_with_bos_removed", "init_kaiming_normal_", "init_kaiming_uniform_", "init_xavier_normal_",
@@ -174,6 +174,13 @@ def composition_scores(left, right, broadcast_dims: bool = True) -> torch.Tensor
     from ..interp.composition import composition_scores as scores
 
     return scores(left, right, broadcast_dims)
+
+
+def clear_huggingface_cache() -> None:
+    """Refused: TransformerLens's deletes the whole Hugging Face cache folder (its CI's disk clean-up);
+    glassbox deletes no files it did not write. Remove the folder yourself (``hf cache delete``)."""
+    raise NotImplementedError("clear_huggingface_cache is not provided: glassbox never deletes the Hugging Face "
+                              "cache (files it did not write); use `hf cache delete` or remove the folder yourself")
 
 
 def download_file_from_hf(repo_name: str, file_name: str, subfolder: str = ".", cache_dir=None,
