@@ -60,6 +60,9 @@ COMMON = [
     ("tests/integration/test_head_detector.py::test_detect_head_exclude_bos", REAL),
     ("tests/integration/test_head_detector.py::test_detect_head_exclude_current_token", REAL),
     ("tests/integration/test_head_detector.py::test_detect_head_with_cache", REAL),
+    ("tests/integration/test_head_detector.py::test_detect_head_exclude_bos_and_current_token", REAL),
+    ("tests/unit/test_svd_interpreter.py::test_svd_interpreter", REAL),
+    ("tests/unit/test_svd_interpreter.py::test_w_in_when_fold_ln_is_false", REAL),
     *((f"tests/integration/test_tokenization_methods.py::{name}", TOKENIZER) for name in (
         "test_set_tokenizer_during_initialization", "test_to_tokens_default", "test_to_tokens_without_bos",
         "test_to_string_multiple", "test_to_str_tokens_default", "test_to_str_tokens_without_bos",
