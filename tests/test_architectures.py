@@ -216,6 +216,8 @@ ARCHITECTURES = {
     # GPT-NeoX-like: parallel blocks with two norms, partial rotary.
     "neox": preset_config("gpt2", **SIZES, parallel_attn_mlp=True, parallel_ln2=True, positional="rotary",
                           rotary_dim=4, tied_unembed=False),
+    # TransformerLens's SoLU models: SoLU, then a LayerNorm over d_mlp (mlp.hook_mid, mlp.ln's hooks).
+    "solu_ln": preset_config("gpt2", **SIZES, act_fn="solu", mlp_ln=True),
 }
 
 

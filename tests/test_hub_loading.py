@@ -458,8 +458,8 @@ def test_tl_from_pretrained_by_repo_id_with_auto_dtype(cache):
     cache_hf_model(cache, "bare-llama", hf)
     assert get_official_model_name("org/tl-llama") == "org/tl-llama" and is_hub_repo_id("org/not-cached")
     assert get_official_model_name("bare-llama") == "bare-llama"
-    with pytest.raises(ValueError, match="'solu-2l' is not a model glassbox can load by name"):
-        get_official_model_name("solu-2l")  # TransformerLens's own-format models' short names stay refused
+    with pytest.raises(ValueError, match="'solu-2ll' is not a model glassbox can load by name"):
+        get_official_model_name("solu-2ll")
     assert get_official_model_name("pythia-70m") == "EleutherAI/pythia-70m"  # a family glassbox converts
     tl_model = TLHookedTransformer.from_pretrained_no_processing("org/tl-llama", dtype="auto", device="cpu")
     assert tl_model.cfg.dtype == torch.bfloat16 and tl_model.cfg.model_name == "org/tl-llama"

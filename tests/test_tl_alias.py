@@ -66,6 +66,7 @@ TL_PATHS = {
     "HookedTransformerConfig": "HookedTransformerConfig", "components.attention": "Attention",
     "components.embed": "Embed", "components.pos_embed": "PosEmbed", "components.unembed": "Unembed",
     "components.layer_norm": "LayerNorm", "components.rms_norm": "RMSNorm",
+    "components.layer_norm_pre": "LayerNormPre", "components.rms_norm_pre": "RMSNormPre",
     "components.transformer_block": "TransformerBlock", "components.mlps.mlp": "MLP",
     "components.mlps.gated_mlp": "GatedMLP", "utilities.activation_functions": "xielu", "utilities.attention": "complex_attn_linear",
     "utilities.components_utils": "get_act_name", "utilities.defaults_utils": "override_or_use_default_value",

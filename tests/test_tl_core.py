@@ -82,7 +82,7 @@ def test_every_option_glassbox_cannot_compute_is_refused_by_name(field):
 
 @pytest.mark.parametrize("field, value", [("positional_embedding_type", "shortformer"),
                                           ("positional_embedding_type", "alibi"), ("normalization_type", None),
-                                          ("act_fn", "solu_ln"), ("init_mode", "xavier_uniform"),
+                                          ("act_fn", "solu_lnn"), ("init_mode", "xavier_uniform"),
                                           ("d_vocab_out", 60)])
 def test_refusals_of_values(field, value):
     with pytest.raises(ValueError, match=f"HookedTransformerConfig.{field}={value!r} is not supported"):
@@ -100,6 +100,8 @@ def test_values_glassbox_computes_the_same_way_are_accepted():
     cfg = tl.HookedTransformerConfig(**BASE, n_key_value_heads=3, attn_scale=8 ** 0.5, final_rms=True,
                                      normalization_type="RMS", attn_only=True, act_fn="solu_ln")
     assert cfg.glassbox.attn_only and cfg.n_params == 2 * 4 * 24 * 8 * 3
+    solu = tl.HookedTransformerConfig(**BASE, act_fn="solu_ln").glassbox  # SoLU, then a LayerNorm over d_mlp
+    assert (solu.act_fn, solu.mlp_ln) == ("solu", True) and tl.HookedTransformerConfig.from_glassbox(solu).act_fn == "solu_ln"
 
 
 def test_a_free_config_is_settable_and_revalidated():
@@ -293,8 +295,15 @@ def test_kv_cache_with_transformer_lens_s_constructor():
 def test_names_glassbox_loads():
     assert {"gpt2", "gpt2-medium", "distilgpt2", "glassbox-austen"} <= set(OFFICIAL_MODEL_NAMES)
     assert get_official_model_name("GPT2-small") == "gpt2" and get_official_model_name("distil-gpt2") == "distilgpt2"
-    with pytest.raises(ValueError, match="'solu-2l' is not a model glassbox can load by name.*glassbox-austen"):
-        get_official_model_name("solu-2l")  # TransformerLens's own-format models
+    with pytest.raises(ValueError, match="'solu-2ll' is not a model glassbox can load by name.*glassbox-austen"):
+        get_official_model_name("solu-2ll")
+    # TransformerLens's own-format models (glassbox.weights.tl_format): NeelNanda's repos
+    assert get_official_model_name("solu-2l") == "NeelNanda/SoLU_2L512W_C4_Code"
+    assert get_official_model_name("attn-only-1l-c4-code") == "NeelNanda/Attn_Only_1L512W_C4_Code"
+    assert get_official_model_name("gelu-4l") == "NeelNanda/GELU_4L512W_C4_Code"
+    for name, why in (("solu-4l-old", "old SoLU"), ("attn-only-demo", "shortformer")):
+        with pytest.raises(ValueError, match=f"'{name}' cannot be loaded by glassbox: .*{why}"):
+            get_official_model_name(name)
     assert get_official_model_name("pythia-70m") == "EleutherAI/pythia-70m"
     assert get_official_model_name("stanford-gpt2-small-a") == "stanford-crfm/alias-gpt2-small-x21"
 

@@ -51,7 +51,9 @@ def tl_config(cfg: Config, dtype: torch.dtype = torch.float32) -> "transformer_l
                                   f"norm_placement={cfg.norm_placement!r}")
     options = dict(
         n_layers=cfg.n_layers, d_model=cfg.d_model, n_ctx=cfg.n_ctx, d_head=cfg.d_head, n_heads=cfg.n_heads,
-        d_mlp=cfg.d_mlp, d_vocab=cfg.d_vocab, act_fn=cfg.act_fn, eps=cfg.layer_norm_eps,
+        d_mlp=cfg.d_mlp, d_vocab=cfg.d_vocab, eps=cfg.layer_norm_eps,
+        # TransformerLens's SoLU MLP ("solu_ln") is SoLU followed by a LayerNorm over d_mlp
+        act_fn=f"{cfg.act_fn}_ln" if getattr(cfg, "mlp_ln", False) else cfg.act_fn,
         normalization_type=cfg.normalization, positional_embedding_type=positional,
         default_prepend_bos=cfg.default_prepend_bos, gated_mlp=cfg.gated_mlp,
         parallel_attn_mlp=cfg.parallel_attn_mlp, dtype=dtype, original_architecture="GPT2LMHeadModel",

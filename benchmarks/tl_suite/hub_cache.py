@@ -8,6 +8,11 @@ tell which revision it loaded. Every weight is random (``transformers``' own ini
 seed per repo and revision): a test that compares with the real model's numbers cannot pass here and
 is out of scope (see scope.py).
 
+TransformerLens's own-format models (``TL_FORMAT_MODELS``: NeelNanda's SoLU, GELU and attention-only
+1-4 layer repos, the names "solu-1l" .. "attn-only-4l") are a config.json and a ``*final.pth`` state
+dict in TransformerLens's layout, smaller than the real ones (see the table), with a tokenizer repo
+``NeelNanda/gpt-neox-tokenizer-digits`` holding GPT-2's tokenizer.
+
 Shapes: the real configs where a model is cheap (GPT-2 small, DistilGPT-2, Pythia-14m/70m); the
 Stanford CRFM GPT-2 and its checkpoints are a 2-layer, 96-wide GPT-2 (no test checks their sizes).
 MMLU (the ``cais/mmlu`` dataset repo) holds tests/data/mmlu_tiny.json's invented questions (two
@@ -121,6 +126,99 @@ def write_snapshot(cache: Path, repo_id: str, revision: str, config) -> Path:
     return snapshot
 
 
+# TransformerLens's own-format models (tl_format.py): NeelNanda's repos, their config.json fields as
+# TransformerLens's convert_neel_model_config reads them, a state dict in TransformerLens's key layout.
+# Smaller than the real ones (d_model 512, 8 heads of 64, d_mlp 2048): 128 wide, 8 heads of 16, d_mlp
+# 512, so a dozen fit the suite's time; the real head count (tests index heads) and n_ctx 1024. d_vocab is GPT-2's 50257 (the real
+# 48262 is NeelNanda/gpt-neox-tokenizer-digits', which is not on this machine: its stand-in repo holds
+# GPT-2's tokenizer, whose ids go up to 50256).
+TL_TOKENIZER = "NeelNanda/gpt-neox-tokenizer-digits"
+TL_CHECKPOINT = "model_final.pth"  # TransformerLens loads the repo's one file ending in final.pth
+
+
+def tl_format_config(n_layers: int, act_fn: str, attn_only: bool = False) -> dict:
+    return dict(d_model=128, n_layers=n_layers, d_mlp=512, d_head=16, n_heads=8, n_ctx=1024, d_vocab=50257,
+                act_fn=act_fn, attn_only=attn_only, normalization="LN", shortformer_pos=False, final_rms=False,
+                tokenizer_name=TL_TOKENIZER, ln_eps=1e-5)
+
+
+TL_FORMAT_MODELS = {
+    **{f"NeelNanda/SoLU_{n}L512W_C4_Code": tl_format_config(n, "solu_ln") for n in (1, 2, 3, 4)},
+    **{f"NeelNanda/GELU_{n}L512W_C4_Code": tl_format_config(n, "gelu") for n in (1, 2, 3, 4)},
+    # act_fn is unused without an MLP; with "solu_ln" TransformerLens 3.9's own fold_ln fails on these
+    **{f"NeelNanda/Attn_Only_{n}L512W_C4_Code": tl_format_config(n, "gelu", attn_only=True) for n in (1, 2, 3, 4)},
+}
+
+
+def tl_format_state_dict(config: dict, seed: int) -> dict:
+    """Seeded random weights in TransformerLens's layout (its key names, W_U [d_model d_vocab], the mask
+    buffers it saves), norms and biases away from 1 and 0 so that folding them changes the weights."""
+    import torch
+
+    from glassbox.models import HookedTransformer
+    from glassbox.weights.tl_format import config_from_tl
+
+    torch.manual_seed(seed)
+    model = HookedTransformer(config_from_tl(config, "stand-in"), init=True)
+    state = {}
+    for name, value in model.state_dict().items():
+        value = value.clone()
+        if name.endswith(".w"):
+            value += 0.1 * torch.randn_like(value)
+        elif name.rsplit(".", 1)[-1] in ("b",) or name.rsplit(".", 1)[-1].startswith("b_"):
+            value = 0.02 * torch.randn_like(value)
+        state[name] = value
+    state["unembed.W_U"] = state.pop("unembed.W_U_T").T.contiguous()
+    n_ctx = config["n_ctx"]
+    for layer in range(config["n_layers"]):
+        state[f"blocks.{layer}.attn.mask"] = torch.tril(torch.ones(n_ctx, n_ctx, dtype=torch.bool))
+        state[f"blocks.{layer}.attn.IGNORE"] = torch.tensor(-torch.inf)
+    return state
+
+
+def write_tl_format_snapshot(cache: Path, repo_id: str, config: dict) -> Path:
+    import torch
+
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    commit = commit_of(repo_id, "main")
+    snapshot = repo / "snapshots" / commit
+    if not (snapshot / TL_CHECKPOINT).is_file():
+        tmp = snapshot.with_name(commit + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        torch.save(tl_format_state_dict(config, seed_of(repo_id, "main")), tmp / TL_CHECKPOINT)
+        shutil.rmtree(snapshot, ignore_errors=True)
+        tmp.rename(snapshot)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+def write_tokenizer_snapshot(cache: Path, repo_id: str) -> Path:
+    """A repo holding only a tokenizer: GPT-2's files."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    commit = commit_of(repo_id, "main")
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for name in ("vocab.json", "merges.txt", "special_tokens_map.json", "tokenizer_config.json"):
+        shutil.copy(GPT2_TOKENIZER / name, snapshot / name)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+def build_tl_format(cache: Path) -> dict:
+    """The stand-ins of TL_FORMAT_MODELS and their tokenizer repo; returns {repo id: [revisions]}."""
+    made = {}
+    for repo_id, config in TL_FORMAT_MODELS.items():
+        write_tl_format_snapshot(cache, repo_id, config)
+        made[repo_id] = ["main"]
+    write_tokenizer_snapshot(cache, TL_TOKENIZER)
+    made[TL_TOKENIZER + " (tokenizer)"] = ["main"]
+    return made
+
+
 def build(cache: Path) -> dict:
     """Every stand-in of MODELS and FAMILY_MODELS in ``cache``; returns {repo id: [revisions]}."""
     import torch
@@ -138,6 +236,7 @@ def build(cache: Path) -> dict:
 
     cache_mmlu(cache, json.loads((REPO / "tests" / "data" / "mmlu_tiny.json").read_text()))
     made["cais/mmlu (dataset)"] = ["main"]
+    made.update(build_tl_format(cache))
     (cache / "glassbox-standins.json").write_text(json.dumps(made, indent=1))
     return made
 

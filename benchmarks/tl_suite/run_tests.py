@@ -2,6 +2,9 @@
 
     python benchmarks/tl_suite/run_tests.py TESTS_DIR --version 2.18 --out OUT [--cache HUB] [-- PYTEST_ARGS]
 
+PYTEST_ARGS that name test files or folders (``tests/acceptance/test_hooks.py``, a ``::`` node id)
+run only those; the pass rate is then over them.
+
 TESTS_DIR is TransformerLens's ``tests`` folder of that version (from its sdist or repository). The
 runner copies it to OUT/work/tests, puts conftest_template.py above it as OUT/work/conftest.py
 (``glassbox.tl.as_transformer_lens()`` before any test module imports ``transformer_lens``;
@@ -221,7 +224,9 @@ def main(argv=None) -> int:
     junit = out / "junit.xml"
     marker = out / "REAL_TRANSFORMER_LENS_IMPORTED"
     marker.unlink(missing_ok=True)
-    paths = [] if any(a.startswith("tests/") for a in args.pytest_args) else ["tests"]  # a subset, or all
+    # test files or folders among the pytest arguments (tests/...) are the run; else the whole folder
+    chosen = [a for a in args.pytest_args if a.split("::")[0].startswith("tests/")]
+    paths = [] if chosen else ["tests"]
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-rN", f"--junitxml={junit}", *paths,
                     *args.pytest_args], cwd=work, env=env)
     if marker.exists():

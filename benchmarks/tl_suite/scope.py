@@ -21,6 +21,8 @@ GPUS = "needs several GPUs or MPS; glassbox.tl puts a model on one device"
 DOCS = "builds TransformerLens's documentation"
 TOOLS = "TransformerLens's tools / model registry / benchmark scripts, not provided by glassbox.tl"
 LIT = "TransformerLens's LIT integration is not provided"
+TOKENIZER = ("asserts the real tokenizer's ids (NeelNanda/gpt-neox-tokenizer-digits, not on this machine: the "
+             "stand-in holds GPT-2's) or the real model's sizes (d_vocab 48262, d_model 512)")
 
 COMMON = [
     ("tests/acceptance/test_hooked_encoder.py", ENCODERS),
@@ -62,6 +64,21 @@ COMMON = [
     ("tests/unit/test_utils.py::test_tokenize_and_concatenate_no_spurious_sequence_length_warning",
      "loads t5-small's tokenizer (SentencePiece, model_max_length 512), which is not on this machine; a stand-in "
      "with GPT-2's tokenizer would not be the tokenizer the test is about"),
+    # TransformerLens's own-format stand-ins (solu-1l, solu-2l): the real model's scores, token ids, sizes
+    ("tests/integration/test_head_detector.py::Test_detect_head_successful", REAL),
+    ("tests/integration/test_head_detector.py::Test_specific_heads", REAL),
+    ("tests/integration/test_head_detector.py::test_detect_head_exclude_bos", REAL),
+    ("tests/integration/test_head_detector.py::test_detect_head_exclude_current_token", REAL),
+    ("tests/integration/test_head_detector.py::test_detect_head_with_cache", REAL),
+    ("tests/integration/test_head_detector.py::test_detect_head_exclude_bos_and_current_token", REAL),
+    ("tests/unit/test_svd_interpreter.py::test_svd_interpreter", REAL),
+    ("tests/unit/test_svd_interpreter.py::test_w_in_when_fold_ln_is_false", REAL),
+    *((f"tests/integration/test_tokenization_methods.py::{name}", TOKENIZER) for name in (
+        "test_set_tokenizer_during_initialization", "test_to_tokens_default", "test_to_tokens_without_bos",
+        "test_to_string_multiple", "test_to_str_tokens_default", "test_to_str_tokens_without_bos",
+        "test_to_single_token", "test_to_single_str_tokent", "test_get_token_position_not_found",
+        "test_tokens_to_residual_directions")),
+    ("tests/integration/test_utils_tokens.py::test_test_prompt", TOKENIZER),
 ]
 
 CONFIGS = ("tests TransformerLens's per-architecture config conversion (convert_hf_model_config / "

@@ -11,6 +11,7 @@ from .hook_shapes import HOOK_SHAPES, hook_pattern, hook_shape
 from .kv_cache import KVCache
 from .layer_norm import LayerNorm
 from .mlp import MLP
+from .normed_mlp import NormedMLP
 from .positional import SinusoidalPosEmbed
 from .presets import PRESETS, preset_config
 from .rms_norm import RMSNorm
@@ -21,7 +22,7 @@ from .transformer import HookedTransformer, lm_loss
 __all__ = [
     "Attention", "Config", "Embed", "GPT2_TOKENIZER_DIR", "GatedMLP", "HOOK_SHAPES", "HookFlagError", "HookFlags",
     "HookedTransformer",
-    "KVCache", "LayerNorm", "MLP", "PRESETS", "ParallelBlock", "PosEmbed", "PostNormBlock", "RMSNorm",
+    "KVCache", "LayerNorm", "MLP", "NormedMLP", "PRESETS", "ParallelBlock", "PosEmbed", "PostNormBlock", "RMSNorm",
     "RotaryAttention", "SinusoidalPosEmbed", "TransformerBlock", "Unembed", "gpt2_tokenizer",
     "hook_pattern", "hook_shape", "lm_loss", "preset_config",
 ]

@@ -8,8 +8,12 @@ accepts are not here, because they carry learned parameters an MLP weight file w
 
 "gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh" and "gelu_accurate" are one function (the tanh
 approximation), "gelu_fast" the same approximation in its factored form; "gelu" and "gelu_python"
-the exact erf form; "swish" is "silu". ``solu`` (x * softmax(x) over d_mlp, TransformerLens's) is
-defined here but has no name in ``ACTIVATIONS``: transformers has none, and it is not elementwise.
+the exact erf form; "swish" is "silu".
+
+``OWN_ACTIVATIONS`` holds the activations transformers has no name for: "solu", x * softmax(x) over
+d_mlp (Anthropic's SoLU, as TransformerLens's models compute it; the LayerNorm those models put after
+it is ``Config.mlp_ln``, not part of the activation). ``ALL_ACTIVATIONS`` is both tables: what
+``Config.act_fn`` accepts.
 """
 
 import math
@@ -62,13 +66,13 @@ def sqrtsoftplus(x: Tensor) -> Tensor:
     return F.softplus(x).sqrt()
 
 
-def solu(x: Tensor) -> Tensor:
-    """SoLU (https://transformer-circuits.pub/2022/solu/index.html): x * softmax(x) over the last axis."""
-    return x * F.softmax(x, dim=-1)
-
-
 def linear(x: Tensor) -> Tensor:
     return x
+
+
+def solu(x: Tensor) -> Tensor:
+    """x * softmax(x) over the last axis (d_mlp): SoLU, without the LayerNorm that follows it."""
+    return x * torch.softmax(x, dim=-1)
 
 
 ACTIVATIONS = {
@@ -81,6 +85,10 @@ ACTIVATIONS = {
 }
 # Accepted by transformers, refused here: their learned parameters are not MLP weights glassbox holds.
 PARAMETRISED_ACTIVATIONS = ("prelu", "xielu")
+
+# Not transformers' names: activations of models glassbox loads in other formats.
+OWN_ACTIVATIONS = {"solu": solu}
+ALL_ACTIVATIONS = {**ACTIVATIONS, **OWN_ACTIVATIONS}
 
 
 def soft_cap(x: Tensor, cap: float) -> Tensor:

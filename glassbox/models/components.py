@@ -16,6 +16,7 @@ from .gated_mlp import GatedMLP
 from .hook_flags import HookFlags
 from .layer_norm import LayerNorm
 from .mlp import MLP
+from .normed_mlp import NormedMLP
 from .positional import SinusoidalPosEmbed
 from .rms_norm import RMSNorm
 from .rotary_attention import RotaryAttention
@@ -36,6 +37,8 @@ def attention(cfg: Config, flags: Optional[HookFlags] = None, layer: int = 0) ->
 
 
 def mlp(cfg: Config) -> nn.Module:
+    if cfg.mlp_ln:
+        return NormedMLP(cfg)
     return GatedMLP(cfg) if cfg.gated_mlp else MLP(cfg)
 
 

@@ -11,7 +11,9 @@ no ln2, no MLP, no hook_resid_mid; pre-norm only; d_mlp, act_fn and gated_mlp ar
 positional "learned" | "sinusoidal" | "rotary" (rotary_dim leading dims of each head rotated, pairs
 (2i, 2i+1) with rotary_style "interleaved", (i, i + rotary_dim/2) with "half"); act_fn, any name of
 ``activations.py`` (transformers' names); gated_mlp (SwiGLU with act_fn "silu", GeGLU with "gelu_new");
-use_bias for every linear map and norm; tied_unembed; init_scheme "gpt2" |
+mlp_ln (a norm of the model's
+normalization over d_mlp between the activation and W_out: TransformerLens's SoLU MLP, act_fn "solu"
+with mlp_ln=True; not with gated_mlp or attn_only); use_bias for every linear map and norm; tied_unembed; init_scheme "gpt2" |
 "truncated_normal". Named combinations live in ``presets.py``.
 
 The options of today's model families (each defaults to GPT-2's behaviour):
@@ -51,9 +53,9 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from .activations import ACTIVATIONS
+from .activations import ALL_ACTIVATIONS
 
-ACT_FNS = tuple(ACTIVATIONS)
+ACT_FNS = tuple(ALL_ACTIVATIONS)
 NORMALIZATIONS = ("LN", "RMS")
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "output")
 QK_NORMS = (None, "head", "full")
@@ -113,6 +115,7 @@ class Config:
     scale_embed: bool = False
     parallel_ln2: bool = False
     gated_mlp_bias: str = "inputs"
+    mlp_ln: bool = False
 
     def __post_init__(self):
         for name in ("d_model", "n_layers", "n_heads", "d_vocab", "n_ctx"):
@@ -144,6 +147,11 @@ class Config:
             raise ValueError(f"Config.attn_only must be a bool, got {self.attn_only!r}")
         if self.attn_only and self.parallel_attn_mlp:
             raise ValueError("Config.attn_only=True has no MLP to run in parallel: parallel_attn_mlp must be False")
+        if not isinstance(self.mlp_ln, bool):
+            raise ValueError(f"Config.mlp_ln must be a bool, got {self.mlp_ln!r}")
+        if self.mlp_ln and (self.gated_mlp or self.attn_only):
+            raise ValueError("Config.mlp_ln=True normalises the activation of a plain MLP; it cannot be combined with "
+                             f"gated_mlp={self.gated_mlp} or attn_only={self.attn_only}")
         if self.attn_only and self.norm_placement != "pre":
             raise ValueError("Config.attn_only=True needs norm_placement='pre' (a post-norm attention-only "
                              f"block is not defined here), got {self.norm_placement!r}")

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..hooks import HookPoint
 from .config import Config
-from .mlp import ACTIVATIONS
+from .activations import ALL_ACTIVATIONS
 from .ops import linear
 
 
@@ -31,7 +31,7 @@ class GatedMLP(nn.Module):
         self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp)) if cfg.mlp_bias else None
         self.b_in_on_product = cfg.mlp_bias and not on_inputs
         self.b_out = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.mlp_bias else None
-        self.act = ACTIVATIONS[cfg.act_fn]
+        self.act = ALL_ACTIVATIONS[cfg.act_fn]
         self.hook_pre = HookPoint()
         self.hook_pre_linear = HookPoint()
         self.hook_post = HookPoint()

@@ -6,7 +6,7 @@ batch pos query_pos key_pos head kv_head d_model d_head d_q d_kv d_mlp d_vocab l
 
 Some hooks exist only under some options (a model's ``hook_dict`` is the truth for that model):
 hook_pos_embed not with rotary positions; hook_rot_q/hook_rot_k only with them; hook_pre_linear only
-in a gated MLP; hook_resid_mid not in parallel blocks, ln2 not in one-norm (GPT-J) parallel blocks;
+in a gated MLP; mlp.hook_mid and mlp.ln's hooks only with mlp_ln; hook_resid_mid not in parallel blocks, ln2 not in one-norm (GPT-J) parallel blocks;
 ln2, the MLP's hooks and hook_resid_mid not in attention-only blocks; ln_final not in post-norm models. "ln" hooks belong to LayerNorm or
 RMSNorm alike.
 
@@ -76,7 +76,12 @@ HOOK_SHAPES = {
                                 "(norm_placement 'output': the normalized MLP output)"),
     "blocks.{L}.mlp.hook_pre": ("batch pos d_mlp", "MLP pre-activation, x @ W_in + b_in; gated: x @ W_gate"),
     "blocks.{L}.mlp.hook_pre_linear": ("batch pos d_mlp", "gated MLP's ungated branch, x @ W_in + b_in"),
-    "blocks.{L}.mlp.hook_post": ("batch pos d_mlp", "MLP activation output; gated: act(pre) * pre_linear"),
+    "blocks.{L}.mlp.hook_mid": ("batch pos d_mlp", "mlp_ln only: the activation's output act(pre), read by mlp.ln"),
+    "blocks.{L}.mlp.ln.hook_scale": ("batch pos 1", "mlp_ln only: the MLP norm's divisor (over d_mlp)"),
+    "blocks.{L}.mlp.ln.hook_normalized": ("batch pos d_mlp", "mlp_ln only: the MLP norm's normalised value, before w and b"),
+    "blocks.{L}.mlp.ln.hook_out": ("batch pos d_mlp", "mlp_ln only: the MLP norm's output, = hook_post"),
+    "blocks.{L}.mlp.hook_post": ("batch pos d_mlp", "MLP activation output; gated: act(pre) * pre_linear; mlp_ln: "
+                                 "the norm's output"),
     "blocks.{L}.ln2_post.hook_scale": ("batch pos 1", "sandwich only: the MLP output's norm's divisor"),
     "blocks.{L}.ln2_post.hook_normalized": ("batch pos d_model", "sandwich only: MLP output / scale, before w"),
     "blocks.{L}.ln2_post.hook_out": ("batch pos d_model", "sandwich only: the normalized MLP output, = hook_mlp_out"),
@@ -105,7 +110,9 @@ FLAG_GATED_HOOKS = {
 FAMILY_HOOKS = frozenset({"blocks.{L}.attn.hook_rot_q", "blocks.{L}.attn.hook_rot_k", "blocks.{L}.mlp.hook_pre_linear",
                           "unembed.hook_pre_cap"}
                          | {f"blocks.{{L}}.attn.{n}_norm.hook_{h}" for n in "qk" for h in ("scale", "normalized", "out")}
-                         | {f"blocks.{{L}}.ln{i}_post.hook_{h}" for i in (1, 2) for h in ("scale", "normalized", "out")})
+                         | {f"blocks.{{L}}.ln{i}_post.hook_{h}" for i in (1, 2) for h in ("scale", "normalized", "out")}
+                         | {"blocks.{L}.mlp.hook_mid"}
+                         | {f"blocks.{{L}}.mlp.ln.hook_{h}" for h in ("scale", "normalized", "out")})
 NON_DEFAULT_HOOKS = FAMILY_HOOKS | frozenset(FLAG_GATED_HOOKS)
 KV_HEAD_HOOKS = frozenset({"blocks.{L}.attn.hook_k", "blocks.{L}.attn.hook_v", "blocks.{L}.attn.hook_rot_k",
                            "blocks.{L}.hook_k_input", "blocks.{L}.hook_v_input"}

@@ -8,7 +8,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from ..hooks import HookPoint
-from .activations import ACTIVATIONS, gelu_new  # noqa: F401 (gelu_new: its old home)
+from .activations import ACTIVATIONS, ALL_ACTIVATIONS, gelu_new  # noqa: F401 (ACTIVATIONS, gelu_new: old homes)
 from .config import Config
 from .ops import linear
 
@@ -20,7 +20,7 @@ class MLP(nn.Module):
         self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
         self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp)) if cfg.mlp_bias else None
         self.b_out = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.mlp_bias else None
-        self.act = ACTIVATIONS[cfg.act_fn]
+        self.act = ALL_ACTIVATIONS[cfg.act_fn]
         self.hook_pre = HookPoint()
         self.hook_post = HookPoint()
 

@@ -52,6 +52,10 @@ def as_index(index):
     return index
 
 
+class BatchSizeError(ValueError, AssertionError):
+    """remove_batch_dim on a cache whose batch is not 1 (an AssertionError in TransformerLens)."""
+
+
 class ActivationCache(activation_cache.ActivationCache):
     """``ActivationCache(cache_dict, model, has_batch_dim=True)``, as in TransformerLens."""
 
@@ -75,7 +79,10 @@ class ActivationCache(activation_cache.ActivationCache):
         if not self.has_batch_dim:
             log.warning("Tried removing batch dimension after already having removed it.")
             return self
-        self._data, self.has_batch_dim = super().remove_batch_dim()._data, False
+        try:
+            self._data, self.has_batch_dim = super().remove_batch_dim()._data, False
+        except ValueError as err:  # TransformerLens asserts batch size 1: callers catch AssertionError
+            raise BatchSizeError(str(err)) from None
         return self
 
     def apply_slice_to_batch_dim(self, batch_slice) -> "ActivationCache":

@@ -41,6 +41,7 @@ from ..hooks import HookedRootModule  # noqa: F401  (TransformerLens code import
 from ..models import HookedTransformer as _GlassboxTransformer
 from ..models import PosEmbed as _GlassboxPosEmbed
 from ..models import gpt2_tokenizer
+from .components.norms import give_tl_classes
 from .components.pos_embed import PosEmbed
 from .config.fields import FLAGS
 from .config.hooked_transformer_config import HookedTransformerConfig, default_device
@@ -53,6 +54,9 @@ Output = Union[None, Tensor, Loss, Tuple[Tensor, Loss]]
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+# TransformerLens's table of the dtype names from_pretrained takes (glassbox's DTYPES adds float64).
+DTYPE_FROM_STRING = {name: DTYPES[name] for name in ("float32", "fp32", "float16", "fp16", "bfloat16", "bf16")}
+GPT2_TOKENIZER_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2", "openai-community/gpt2")
 
 
 def _tokenizer_named(name: str):
@@ -66,7 +70,8 @@ def _tokenizer_named(name: str):
 def _tokenizer_name(official: str, tokenizer, base, hf_model) -> Optional[str]:
     """``cfg.tokenizer_name``: where ``AutoTokenizer.from_pretrained`` finds the model's tokenizer, as in
     TransformerLens (code such as circuit-tracer's frontend export reloads it from there): GPT-2's
-    names; a folder holding tokenizer files, or a hub repo id, that the tokenizer was loaded from.
+    names; the config's tokenizer_name for a model in TransformerLens's own format; a folder holding
+    tokenizer files, or a hub repo id, that the tokenizer was loaded from.
     None for a tokenizer passed in, an ``hf_model``, or a shipped model's."""
     from pathlib import Path
 
@@ -77,9 +82,25 @@ def _tokenizer_name(official: str, tokenizer, base, hf_model) -> Optional[str]:
     if tokenizer is not None or hf_model is not None or base._tokenizer is None:
         return None
     folder = Path(str(official)).expanduser()
+    own = _tl_format_tokenizer(str(official))
+    if own is not None:  # TransformerLens's own-format models name their tokenizer's repo
+        return own
     if folder.is_dir():
         return str(official) if any((folder / name).is_file() for name in TOKENIZER_FILES) else None
     return str(official) if is_hub_repo_id(str(official)) else None
+
+
+def _tl_format_tokenizer(official: str) -> Optional[str]:
+    """The tokenizer_name of a model in TransformerLens's own format (glassbox.weights.tl_format), else None."""
+    from ..weights.files import read_config
+    from ..weights.pretrained import resolve
+    from ..weights.tl_format import is_tl_format
+
+    try:
+        config = read_config(resolve(official, files=["config.json"]))
+    except (OSError, ValueError):
+        return None
+    return config.get("tokenizer_name") if is_tl_format(config) else None
 
 
 def as_dtype(dtype) -> torch.dtype:
@@ -127,8 +148,10 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
         self.default_padding_side = default_padding_side  # None keeps the tokenizer's own side (TransformerLens)
         if type(self.pos_embed) is _GlassboxPosEmbed:  # the same module and parameter, TransformerLens's forward
             self.pos_embed.__class__ = PosEmbed
-        if values["normalization_type"] in ("LNPre", "RMSPre") and not values["init_weights"]:
+        folded = values["normalization_type"] in ("LNPre", "RMSPre")
+        if folded and not values["init_weights"]:
             self._reset_norms()
+        give_tl_classes(self, folded)  # TransformerLens's norm classes, the same modules
         self.cfg = tl_cfg
         tl_cfg._bind(self)
 
@@ -142,7 +165,7 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
     def _reset_norms(self) -> None:
         """LNPre / RMSPre: every norm at w = 1, b = 0 (the identity affine map)."""
         for name, param in self.named_parameters():
-            if name.startswith("ln_final.") or ".ln1." in name or ".ln2." in name:
+            if name.startswith("ln_final.") or ".ln1." in name or ".ln2." in name or ".mlp.ln." in name:
                 param.fill_(1.0 if name.endswith(".w") else 0.0)
 
     # -- loading -------------------------------------------------------------------------------
@@ -310,6 +333,7 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
         if "fold_ln" in steps:
             self.cfg._values["normalization_type"] = gcfg.normalization + "Pre"
             self.cfg._values["layer_norm_folding"] = True
+            give_tl_classes(self, True)
 
     def process_weights_(self, fold_ln: bool = True, center_writing_weights: bool = True, center_unembed: bool = True,
                          refactor_factored_attn_matrices: bool = False) -> None:

@@ -30,6 +30,8 @@ MODULE_PATHS = {
     "components.unembed": ("components", ["Unembed"]),
     "components.layer_norm": ("components", ["LayerNorm"]),
     "components.rms_norm": ("components", ["RMSNorm"]),
+    "components.layer_norm_pre": ("components", ["LayerNormPre"]),
+    "components.rms_norm_pre": ("components", ["RMSNormPre"]),
     "components.transformer_block": ("components", ["TransformerBlock"]),
     "utilities.activation_functions": ("_activation_functions", ["gelu_new", "solu", "xielu", "XIELU",
                                                                  "SUPPORTED_ACTIVATIONS", "apply_softcap"]),

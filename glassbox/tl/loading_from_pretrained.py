@@ -7,8 +7,11 @@ models, the Pythia and Stanford CRFM GPT-2 repos (by TransformerLens's short nam
 "gpt-j", "tiny-stories-1M") and the models shipped inside glassbox. A local Hugging Face folder of an
 architecture glassbox converts works too, by path, and so does a Hugging Face repo id: "org/name"
 always (fetched when not cached), a bare name when it is in the local Hugging Face cache.
-TransformerLens's other short names (its own-format models such as "solu-2l" or "attn-only-2l", and
-families glassbox does not convert) are refused with the list of names that work.
+TransformerLens's own-format models load by its names too ("solu-1l" .. "solu-12l", "gelu-1l" ..
+"gelu-4l", "attn-only-1l" .. "attn-only-4l", the Wiki finetunes: NeelNanda's repos, read by
+``glassbox.weights.tl_format``); its old SoLU checkpoints ("solu-4l-old") and the shortformer demo
+("attn-only-demo") are refused saying why; other short names (families glassbox does not convert) are
+refused with the list of names that work.
 
 Checkpoints (``checkpoint_index=`` / ``checkpoint_value=``, ``get_checkpoint_labels``) are the step
 revisions of the Pythia and Stanford CRFM repos (``glassbox.weights.checkpoints``): the published
@@ -59,6 +62,21 @@ MODEL_ALIASES: Dict[str, List[str]] = {
        + (["neo"] if size == "125M" else []) for size, alias in NEO_SIZES.items()},
     "EleutherAI/gpt-j-6B": ["gpt-j-6B", "gpt-j", "gptj"],
     **{f"roneneldan/TinyStories-{repo}": [f"tiny-stories-{alias}"] for repo, alias in TINY_STORIES.items()},
+    # TransformerLens's own-format models (glassbox.weights.tl_format), by TransformerLens's names
+    **{f"NeelNanda/{kind}_{n}L512W_C4_Code": [f"{short}-{n}l", f"{short}-{n}l-new", f"{short}-{n}l-c4-code"]
+       for kind, short in (("SoLU", "solu"), ("GELU", "gelu"), ("Attn_Only", "attn-only")) for n in (1, 2, 3, 4)},
+    **{f"NeelNanda/SoLU_{n}L{w}W_C4_Code": [f"solu-{n}l", f"solu-{n}l-new", f"solu-{n}l-c4-code"]
+       for n, w in ((6, 768), (8, 1024), (10, 1280), (12, 1536))},
+    **{f"NeelNanda/SoLU_{n}L512W_Wiki_Finetune": [f"solu-{n}l-wiki", f"solu-{n}l-wiki-finetune", f"solu-{n}l-finetune"]
+       for n in (1, 4)},
+}
+# TransformerLens's names of own-format models glassbox cannot compute: each refused saying why.
+REFUSED_NAMES: Dict[str, str] = {
+    **{name: "TransformerLens's old SoLU checkpoints (its 'neel-solu-old' layout) are not converted by glassbox"
+       for n in (1, 2, 4, 6, 8, 10, 12) for name in (f"solu-{n}l-pile", f"solu-{n}l-old")},
+    **{name: "it has shortformer positions (added to the queries and keys only), which glassbox does not compute"
+       for name in ("attn-only-demo", "attn-only-2l-demo", "attn-only-2l-shortformer-6b-big-lr",
+                    "attn-only-2l-induction-demo")},
 }
 OFFICIAL_MODEL_NAMES: List[str] = [*HUB_MODELS, *(name for name in MODEL_ALIASES if name not in HUB_MODELS)]
 
@@ -71,6 +89,8 @@ def get_official_model_name(model_name: str) -> str:
     if Path(str(model_name)).expanduser().is_dir():
         return str(model_name)
     lowered = str(model_name).lower()
+    if lowered in REFUSED_NAMES:
+        raise ValueError(f"{model_name!r} cannot be loaded by glassbox: {REFUSED_NAMES[lowered]}")
     for official, aliases in MODEL_ALIASES.items():
         if lowered == official.lower() or lowered in (a.lower() for a in aliases):
             return official

@@ -41,7 +41,8 @@ USE_DEFAULT_VALUE = None
 
 __all__ = [
     "ACTIVATION_FN_DICT", "XIELU", "complex_attn_linear", "simple_attn_linear", "solu", "xielu",
-    "Slice", "SliceInput", "TypedModuleList", "USE_DEFAULT_VALUE", "calc_fan_in_and_fan_out", "composition_scores",
+    "Slice", "SliceInput", "TypedModuleList", "USE_DEFAULT_VALUE", "calc_fan_in_and_fan_out",
+    "clear_huggingface_cache", "composition_scores",
     "download_file_from_hf", "gelu_new", "get_act_name", "get_attention_mask", "get_corner", "get_dataset",
     "get_device", "get_input_with_manually_prepended_bos",
     "get_tokens_with_bos_removed", "init_kaiming_normal_", "init_kaiming_uniform_", "init_xavier_normal_",
@@ -189,6 +190,13 @@ def composition_scores(left, right, broadcast_dims: bool = True) -> torch.Tensor
     from ..interp.composition import composition_scores as scores
 
     return scores(left, right, broadcast_dims)
+
+
+def clear_huggingface_cache() -> None:
+    """Refused: TransformerLens's deletes the whole Hugging Face cache folder (its CI's disk clean-up);
+    glassbox deletes no files it did not write. Remove the folder yourself (``hf cache delete``)."""
+    raise NotImplementedError("clear_huggingface_cache is not provided: glassbox never deletes the Hugging Face "
+                              "cache (files it did not write); use `hf cache delete` or remove the folder yourself")
 
 
 def download_file_from_hf(repo_name: str, file_name: str, subfolder: str = ".", cache_dir=None,

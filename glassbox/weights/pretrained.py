@@ -8,7 +8,8 @@ each call (``HF_HUB_CACHE``, then ``HUGGINGFACE_HUB_CACHE``, ``HF_HOME``/hub, ``
 ``HF_HUB_OFFLINE=1`` with a filled cache never touches the network. A repo id neither cached nor
 fetchable is an error naming it and the cache folder searched. The architecture comes from
 config.json's ``model_type``, else from the model class in its ``architectures``; one glassbox cannot
-build is refused naming both. No weight processing happens on load unless asked for (see
+build is refused naming both; a config.json of TransformerLens's own fields (no model_type) with a
+``*final.pth`` state dict is read by ``tl_format.py``. No weight processing happens on load unless asked for (see
 ``processing.py``): our logits equal the HF model's.
 
 ``dtype`` is a floating torch dtype, its name ("float32", "float16", "bfloat16", "float64"), or
@@ -33,6 +34,7 @@ import torch
 from ..models import Config, HookedTransformer
 from ..models.devices import check_device, requested_map
 from ..suggest import did_you_mean
+from . import tl_format
 from .architectures import ARCHITECTURES, architecture_of_type
 from .checkpoints import cached_revisions
 from .checks import check_against_weights, check_config_fields, check_rope_fields
@@ -57,7 +59,7 @@ HUB_MODELS = {
 }
 HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "vocab.json", "merges.txt",
              "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-             "added_tokens.json"]
+             "added_tokens.json", "*" + tl_format.FINAL]  # the last: TransformerLens's own format (tl_format.py)
 # The model every command uses unless told otherwise: trained by glassbox, shipped in the package.
 DEFAULT_MODEL = "glassbox-austen"
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
@@ -323,6 +325,8 @@ def config_of(name_or_path, revision: Optional[str] = None) -> Config:
     if str(name_or_path) in HUB_MODELS and revision is None and not Path(str(name_or_path)).expanduser().is_dir():
         return hub_config(str(name_or_path)).replace(model_name=str(name_or_path))
     folder, name = resolve(name_or_path, files=["config.json"], revision=revision), _model_name(name_or_path)
+    if tl_format.is_tl_format(read_config(folder)):
+        return tl_format.config_from_tl(read_config(folder), _source(folder, name), name or folder.name)
     hf_config, model_type, arch = _folder_config(folder, name)
     return _config_from(arch, hf_config, folder, name)
 
@@ -393,6 +397,8 @@ def load_folder(folder: Path, device=None, dtype: Union[torch.dtype, str] = torc
     folder = Path(folder)
     source = _source(folder, model_name)
     as_dtype(dtype)
+    if tl_format.is_tl_format(read_config(folder)):
+        return _load_tl_folder(folder, device, dtype, tokenizer, model_name)
     hf_config, model_type, arch = _folder_config(folder, model_name)
     weights = weights_file(folder)
     # A PyTorch checkpoint has no header to read shapes from: it is read once, here.
@@ -409,6 +415,24 @@ def load_folder(folder: Path, device=None, dtype: Union[torch.dtype, str] = torc
     present = [is_regular(folder / f) for f in TOKENIZER_FILES + TOKENIZER_EXTRAS] if tokenizer is None else []
     if any(present[:len(TOKENIZER_FILES)]):
         tokenizer, tokenizer_source = load_tokenizer(folder), f"saved in {folder}"
+    return build(cfg, state, tokenizer, device, dtype, tokenizer_source)
+
+
+def _load_tl_folder(folder: Path, device, dtype, tokenizer, model_name: Optional[str]) -> HookedTransformer:
+    """A folder in TransformerLens's own format (``tl_format.py``); its tokenizer from the repo or folder
+    its config's tokenizer_name names."""
+    config = read_config(folder)
+    cfg, state, path = tl_format.read_tl_folder(folder, config, model_name)
+    dtype = as_dtype(dtype) or auto_dtype({}, folder, state)
+    tokenizer_source = "the tokenizer= argument"
+    name = config.get("tokenizer_name")
+    if tokenizer is None and name is not None:
+        try:
+            tokenizer_folder = resolve(name, files=[*TOKENIZER_FILES, *TOKENIZER_EXTRAS])
+        except (ModelNotFoundError, ValueError) as err:
+            raise ModelNotFoundError(f"the tokenizer {name!r} that {_source(folder, model_name)} names "
+                                     f"(tokenizer_name) could not be found: {err}") from err
+        tokenizer, tokenizer_source = load_tokenizer(tokenizer_folder), f"{name!r}, the config's tokenizer_name"
     return build(cfg, state, tokenizer, device, dtype, tokenizer_source)
 
 

@@ -4,7 +4,9 @@
   moves its effective weight (w, or ``cfg.norm_weight_offset`` + w) and LayerNorm bias b into the
   matrices that read its output (W_Q/W_K/W_V, W_in/W_gate, W_U; b into their biases, ln_final's b into
   a new b_U). The norm is left with an effective weight of 1 (w = 1 - offset: w = 1, Gemma's w = 0)
-  and b = 0; it still normalises, so the model computes the same function. Grouped keys and values
+  and b = 0; it still normalises, so the model computes the same function. With ``mlp_ln`` the MLP's
+  norm over d_mlp folds the same way into W_out [d_mlp d_model] and b_out (and ``center_reader_weights``
+  removes W_out's mean over d_mlp), as TransformerLens folds its SoLU MLPs' ``mlp.ln``. Grouped keys and values
   fold per kv head. Norms that read a sublayer's output stay as they are: the sandwich post-norms
   ln1_post/ln2_post, the output norms ln1/ln2 of norm_placement "output" (there only ln_final folds),
   and the q/k norms (the folded W_Q/W_K give them the same input). Refused for norm_placement "post"
@@ -82,7 +84,8 @@ def _apply(t: Tensor, fn: Callable, *others: Tensor) -> Tensor:
 def _readers(cfg: Config, sd: Mapping[str, Tensor]) -> list:
     """(norm, [matrices reading its output]) for every norm that reads the residual stream and feeds
     matrices only: ln1 and ln2 (not with norm_placement "output", whose ln1/ln2 read the sublayers'
-    outputs), and ln_final. In a GPT-J parallel block ln1 feeds the attention and the MLP; with
+    outputs), ln_final, and mlp_ln's mlp.ln (it reads the activation, and only W_out reads it; its
+    "d_model axis" below is W_out's d_mlp axis, 0). In a GPT-J parallel block ln1 feeds the attention and the MLP; with
     parallel_ln2 (GPT-NeoX) ln2 feeds the MLP."""
     pairs = []
     for L in range(cfg.n_layers if cfg.norm_placement != "output" else 0):
@@ -95,6 +98,8 @@ def _readers(cfg: Config, sd: Mapping[str, Tensor]) -> list:
             pairs.append((p + "ln1", attn))
             if p + "ln2.w" in sd:
                 pairs.append((p + "ln2", mlp))
+        if p + "mlp.ln.w" in sd:  # mlp_ln: the MLP's own norm over d_mlp, read by W_out [d_mlp d_model]
+            pairs.append((p + "mlp.ln", [p + "mlp.W_out"]))
     pairs.append(("ln_final", ["unembed.W_U_T"]))
     return pairs
 

@@ -53,6 +53,10 @@ from .fields import (DESCRIPTIVE, FLAGS, FULL_QK_NORM_ARCHITECTURES, REFUSED, TL
 
 POSITIONAL_TO_GLASSBOX = {"standard": "learned", "rotary": "rotary"}
 POSITIONAL_FROM_GLASSBOX = {"learned": "standard", "rotary": "rotary", "sinusoidal": "sinusoidal"}
+# TransformerLens's activations followed by a LayerNorm over d_mlp (its is_layer_norm_activation):
+# glassbox's activation of that name, with Config.mlp_ln.
+NORMED_ACT_FNS = {"solu_ln": "solu"}
+NORMED_ACT_FN_OF = {v: k for k, v in NORMED_ACT_FNS.items()}
 # TransformerLens names a norm whose weights were folded away "...Pre"; glassbox keeps it, at w=1 and b=0.
 NORMALIZATIONS = {"LN": "LN", "LNPre": "LN", "RMS": "RMS", "RMSPre": "RMS"}
 
@@ -78,8 +82,11 @@ def check(values: Dict[str, Any]) -> None:
     if norm not in NORMALIZATIONS:
         _refuse("normalization_type", norm, "glassbox builds 'LN' or 'RMS' ('LNPre'/'RMSPre': the same norm with "
                 "w = 1 and b = 0); a model without norms is not implemented")
-    if values["act_fn"] not in ACT_FNS and not values["attn_only"]:
-        _refuse("act_fn", values["act_fn"], f"glassbox's activations are {', '.join(ACT_FNS)}")
+    if values["act_fn"] not in ACT_FNS + tuple(NORMED_ACT_FNS) and not values["attn_only"]:
+        _refuse("act_fn", values["act_fn"], f"glassbox's activations are {', '.join(ACT_FNS + tuple(NORMED_ACT_FNS))}")
+    if values["act_fn"] in NORMED_ACT_FNS and values["gated_mlp"] and not values["attn_only"]:
+        _refuse("act_fn", values["act_fn"], "glassbox's norm after the activation (mlp_ln) is built in plain MLPs, "
+                "not gated ones")
     if values["init_mode"] != "gpt2":
         _refuse("init_mode", values["init_mode"], "glassbox initialises the 'gpt2' way (normal weights) only")
     if values["d_vocab_out"] not in (-1, values["d_vocab"]):
@@ -105,9 +112,13 @@ def to_glassbox(values: Dict[str, Any]) -> Config:
     positional, norm = values["positional_embedding_type"], values["normalization_type"]
     # An attention-only model has no MLP, so its act_fn is unused.
     act_fn = values["act_fn"] if values["act_fn"] in ACT_FNS else "gelu_new"
+    extra = {}
+    if values["act_fn"] in NORMED_ACT_FNS and not values["attn_only"]:  # "solu_ln": SoLU, then a norm over d_mlp
+        act_fn = NORMED_ACT_FNS[values["act_fn"]]
+        extra = {"mlp_ln": True}
     if values["d_vocab"] in (-1, None):
         raise ValueError("HookedTransformerConfig.d_vocab is not set: give d_vocab, or a tokenizer to the model")
-    extra = {"attn_only": True} if values["attn_only"] else {}
+    extra = {"attn_only": True} if values["attn_only"] else extra
     rotary = positional == "rotary"
     try:
         return _config(values, act_fn, norm, positional, rotary, extra)
@@ -136,7 +147,8 @@ def from_glassbox(cfg: Config) -> Dict[str, Any]:
     """The TransformerLens fields of a glassbox Config (those it determines)."""
     return dict(
         d_model=cfg.d_model, d_head=cfg.d_head, n_layers=cfg.n_layers, n_ctx=cfg.n_ctx, n_heads=cfg.n_heads,
-        d_mlp=cfg.d_mlp, d_vocab=cfg.d_vocab, act_fn=cfg.act_fn, eps=cfg.layer_norm_eps,
+        d_mlp=cfg.d_mlp, d_vocab=cfg.d_vocab, eps=cfg.layer_norm_eps,
+        act_fn=NORMED_ACT_FN_OF.get(cfg.act_fn, cfg.act_fn + "_ln") if getattr(cfg, "mlp_ln", False) else cfg.act_fn,
         normalization_type=cfg.normalization, positional_embedding_type=POSITIONAL_FROM_GLASSBOX[cfg.positional],
         rotary_dim=cfg.rotary_dim, rotary_base=cfg.rotary_base, rotary_adjacent_pairs=cfg.rotary_style == "interleaved",
         parallel_attn_mlp=cfg.parallel_attn_mlp, gated_mlp=cfg.gated_mlp, attn_only=getattr(cfg, "attn_only", False),
