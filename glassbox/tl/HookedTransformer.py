@@ -47,7 +47,8 @@ from .config.fields import FLAGS
 from .config.hooked_transformer_config import HookedTransformerConfig, default_device
 from ._run_with_cache import tl_run_with_cache
 from ._tokenizer import TokenizerConventions
-from .loading_from_pretrained import GPT2_TOKENIZER_NAMES, TOKENIZER_FILES, checkpoint_fields, get_official_model_name
+from .loading_from_pretrained import (GPT2_TOKENIZER_NAMES, TOKENIZER_FILES, checkpoint_fields, get_official_model_name,
+                                      tl_format_tokenizer)
 
 Loss = Tensor  # a 0-d mean loss, or [batch pos-1] per token
 Output = Union[None, Tensor, Loss, Tuple[Tensor, Loss]]
@@ -56,7 +57,6 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.floa
           "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 # TransformerLens's table of the dtype names from_pretrained takes (glassbox's DTYPES adds float64).
 DTYPE_FROM_STRING = {name: DTYPES[name] for name in ("float32", "fp32", "float16", "fp16", "bfloat16", "bf16")}
-GPT2_TOKENIZER_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2", "openai-community/gpt2")
 
 
 def _tokenizer_named(name: str):
@@ -82,25 +82,12 @@ def _tokenizer_name(official: str, tokenizer, base, hf_model) -> Optional[str]:
     if tokenizer is not None or hf_model is not None or base._tokenizer is None:
         return None
     folder = Path(str(official)).expanduser()
-    own = _tl_format_tokenizer(str(official))
+    own = tl_format_tokenizer(str(official))
     if own is not None:  # TransformerLens's own-format models name their tokenizer's repo
         return own
     if folder.is_dir():
         return str(official) if any((folder / name).is_file() for name in TOKENIZER_FILES) else None
     return str(official) if is_hub_repo_id(str(official)) else None
-
-
-def _tl_format_tokenizer(official: str) -> Optional[str]:
-    """The tokenizer_name of a model in TransformerLens's own format (glassbox.weights.tl_format), else None."""
-    from ..weights.files import read_config
-    from ..weights.pretrained import resolve
-    from ..weights.tl_format import is_tl_format
-
-    try:
-        config = read_config(resolve(official, files=["config.json"]))
-    except (OSError, ValueError):
-        return None
-    return config.get("tokenizer_name") if is_tl_format(config) else None
 
 
 def as_dtype(dtype) -> torch.dtype:

@@ -162,12 +162,28 @@ def tokenizer_name_of(official: str, revision: Optional[str] = None) -> Optional
 
     if official in GPT2_TOKENIZER_NAMES:
         return official
+    own = tl_format_tokenizer(str(official))
+    if own is not None:  # TransformerLens's own-format models name their tokenizer's repo
+        return own
     folder = Path(str(official)).expanduser()
     if not folder.is_dir():
         if not is_hub_repo_id(str(official)) or (SHIPPED_DIR / str(official)).is_dir():
             return None
         folder = resolve(official, revision=revision)
     return str(official) if any((folder / name).is_file() for name in TOKENIZER_FILES) else None
+
+
+def tl_format_tokenizer(official: str) -> Optional[str]:
+    """The tokenizer_name of a model in TransformerLens's own format (glassbox.weights.tl_format), else None."""
+    from ..weights.files import read_config
+    from ..weights.pretrained import resolve
+    from ..weights.tl_format import is_tl_format
+
+    try:
+        config = read_config(resolve(official, files=["config.json"]))
+    except (OSError, ValueError):
+        return None
+    return config.get("tokenizer_name") if is_tl_format(config) else None
 
 
 def get_checkpoint_labels(model_name: str, **kwargs):
