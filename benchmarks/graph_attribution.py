@@ -11,12 +11,15 @@ reading ``hook_resid_mid`` (as the peer's), each encoder bias set from a calibra
 ``--active-per-token`` features fire per layer and position. The prompt is BOS + ``--pos - 1`` seeded tokens.
 Each measurement runs in a fresh process (``--one``): ``seconds`` is each round's ``attribute`` wall time and
 their median; ``peak_rss_bytes`` the process's peak resident memory during the timed calls (``VmHWM`` after
-``/proc/self/clear_refs``, the peer's method). ``--sweep`` measures the growth with prompt length (16, 32, 64)
-and with active features per token (4, 8, 16). ``--peer PYTHON`` runs circuit-tracer's peer with that
-interpreter (its environment: ``bash .ci/ct_env .ctenv``) on the same sizes and threads and reports the ratios.
+``/proc/self/clear_refs``, the peer's method), after a warm-up call on the prompt's first 8 tokens and with
+no earlier graph held (the peer drops its graph before each round too). ``--sweep`` measures the growth
+with prompt length (16, 32, 64) and with active features per token (4, 8, 16). ``--peer PYTHON`` runs
+circuit-tracer's peer with that interpreter (its environment: ``bash .ci/ct_env .ctenv``) on the same sizes
+and threads and reports the ratios.
 """
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -59,11 +62,14 @@ def measure(args) -> dict:
             ts.encoder_bias[l].sub_(pre.topk(args.active_per_token * (args.pos - 1)).values[-1])
     for p in ts.parameters():
         p.requires_grad_(False)
-    graph = attribute(model, ts, tokens, batch_size=args.batch_size)  # warm-up, and the graph's sizes
+    attribute(model, ts, tokens[:8], batch_size=args.batch_size)  # warm-up on a short prefix
+    gc.collect()
     Path("/proc/self/clear_refs").write_text("5")
     before = vm("VmRSS")
     seconds = []
     for _ in range(args.rounds):
+        graph = None  # as the peer: no earlier graph held during a timed call
+        gc.collect()
         start = time.perf_counter()
         graph = attribute(model, ts, tokens, batch_size=args.batch_size)
         seconds.append(time.perf_counter() - start)

@@ -1,20 +1,27 @@
 """``attribute``: the attribution graph of one prompt, every edge exact, by batched backward passes.
 
-One forward of the frozen replacement (``replacement.py``) with gradients on, at batch 1: the token
-embeddings and every layer's output are leaves. Each target then injects its direction as the
-gradient at its read point (a feature: its encoder column at its input hook and position; a logit:
-its demeaned unembedding column at the unembedding's input, last position), and one backward pass per
-batch of ``batch_size`` targets (``torch.autograd.grad(..., is_grads_batched=True)``, the forward graph
-kept) gives the gradient at every leaf; contracting it with each source's vector (activation x decoder
-row; error; embedding) gives the row of direct effects. The model is linear in these sources under the
-freezes, so the rows are exact, not estimates.
+Each target injects its direction as the gradient at its read point (a feature: its encoder column at its
+input hook and position; a logit: its demeaned unembedding column at the unembedding's input, last
+position), and one backward pass per batch of at most ``batch_size`` targets through the frozen
+replacement (``replacement.py``), whose token embeddings and layer outputs are leaves, gives the gradient
+at every leaf; contracting it with each source's vector (activation x decoder row; error; embedding) gives
+the row of direct effects. The model is linear in these sources under the freezes, so the rows are exact,
+not estimates.
+
+Cost: the logit targets share one forward over the whole prompt; the features are batched per layer in
+(position, feature) order, and each batch runs its own forward over only the first positions up to its
+last target's and the blocks up to its layer (the model is causal: nothing after a target reaches it), so
+a backward pass costs about batch x (last position + 1) x (layer + 1) blocks' value path and norms, not
+batch x n_pos x n_layers. The forwards run at batch 1 and the backward is vmapped over the batch
+(``is_grads_batched``); ``expand=True`` instead runs each forward at ``batch_size`` (one batch element per
+target, padded with zero gradients): the same graph to rounding, slower on CPU, for an op without a vmap rule.
 
 Memory (``estimate_bytes``): the dense adjacency, n_nodes^2 x 4 bytes (float32; 8 for a float64 model), on
-the CPU; per batch, the
-gradients of every layer output, batch_size x n_pos x d_model x (n_layers + 1) x itemsize x 2; the padded
-decoder rows of the active features, n_positions x max features per position x d_model x itemsize for
-each (source, target) layer pair. A graph over ``max_bytes`` (default 4 GiB) is refused before any work,
-saying how large it would be; a smaller batch_size bounds the per-batch part.
+the CPU; per batch, the gradients of every layer output, batch_size x n_pos x d_model x (n_layers + 1) x
+itemsize x 2 (at most: a batch over a prefix needs less); the padded decoder rows of the active features,
+n_positions x max features per position x d_model x itemsize for each (source, target) layer pair. A graph
+over ``max_bytes`` (default 4 GiB) is refused before any work, saying how large it would be; a smaller
+batch_size bounds the per-batch part.
 
 The model's parameters have requires_grad switched off during the call and restored after it, also
 when it raises.
@@ -68,13 +75,14 @@ def estimate_bytes(n_nodes: int, n_pos: int, d_model: int, n_layers: int, batch_
 def attribute(model, transcoders, prompt: Union[str, Tensor, Sequence[int]], *, max_n_logits: int = 10,
               desired_logit_prob: float = 0.95, logit_tokens: Optional[Sequence[int]] = None,
               batch_size: int = 64, exclude_positions: int = 1,
-              max_bytes: int = DEFAULT_MAX_BYTES, expand: bool = True) -> AttributionGraph:
+              max_bytes: int = DEFAULT_MAX_BYTES, expand: bool = False) -> AttributionGraph:
     """The attribution graph of ``prompt`` (a string, tokenized by the model, or token ids [pos]).
 
     Args:
         logit_tokens: the logit nodes' tokens, instead of ``select_logits``'s choice.
         exclude_positions: the first positions without feature or error nodes (circuit-tracer: 1).
         batch_size: targets per backward pass. max_bytes: refuse a graph needing more (``estimate_bytes``).
+        expand: each forward at batch_size instead of batch 1 with the backward vmapped (module docstring).
     """
     for name, v in (("batch_size", batch_size), ("max_n_logits", max_n_logits)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -148,56 +156,72 @@ def attribute(model, transcoders, prompt: Union[str, Tensor, Sequence[int]], *, 
     adjacency = torch.zeros(N, N, dtype=store)
 
     params = [p for p in model.parameters() if p.requires_grad]
+    B = batch_size if expand else 1
     try:
         for p in params:
             p.requires_grad_(False)
         with torch.enable_grad():
-            B = batch_size if expand else 1
-            embed = run.embed[None].repeat(B, 1, 1).requires_grad_(True)
-            leaves = []
-            out = run.frozen_forward(embed=embed, leaves=leaves)
-            seen, final = out["seen"], out["final"]
-            inputs_all = leaves + [embed]
+            def forward(n_pos: int, stop: Optional[int]) -> tuple:
+                """The frozen replacement over the first n_pos positions and blocks[:stop], its leaves built."""
+                sub = run if n_pos == P else run.prefix(n_pos)
+                embed = sub.embed[None].repeat(B, 1, 1).requires_grad_(True)
+                leaves = []
+                out = sub.frozen_forward(embed=embed, leaves=leaves, stop_at_layer=stop)
+                return out, leaves + [embed]
 
-            def backward(targets_at: dict, n: int) -> Tensor:
-                """targets_at: {tensor in the graph: [n 1 pos d_model] gradient}; returns [n n_src] rows."""
+            def backward(targets_at: dict, n: int, inputs_all: list, n_pos: int) -> Tensor:
+                """targets_at: {tensor in the graph: [n 1 n_pos d_model] gradient}; returns [n n_src] rows."""
                 if expand:  # one batch element per target, padded with zero gradients to the forward's batch
                     grads = torch.autograd.grad(list(targets_at), inputs_all,
                                                 [pad_batch(g[:, 0], B) for g in targets_at.values()],
                                                 retain_graph=True, allow_unused=True)
-                    G = [g[:n] if g is not None else None for g in grads]
+                    grads = [g[:n] if g is not None else None for g in grads]
                 else:
                     grads = torch.autograd.grad(list(targets_at), inputs_all, list(targets_at.values()),
                                                 retain_graph=True, is_grads_batched=True, allow_unused=True)
-                    G = [g[:, 0] if g is not None else None for g in grads]  # [n pos d_model]
-                rows = torch.zeros(n, n_src, dtype=dtype, device=embed.device)
+                    grads = [g[:, 0] if g is not None else None for g in grads]  # [n n_pos d_model]
+                G = grads[:-1] + [None] * (L + 1 - len(grads)) + grads[-1:]  # layers the forward ran, then embed
+                rows = torch.zeros(n, n_src, dtype=dtype, device=run.embed.device)
                 for s, t in pairs:
                     if G[t] is None or kmax[s] == 0:
                         continue
-                    prod = torch.bmm(G[t].to(dtype).transpose(0, 1), V[s, t].transpose(1, 2))  # [pos n kmax]
                     f = feats[starts[s]:starts[s + 1]]
-                    rows[:, starts[s]:starts[s + 1]] += prod[f[:, 1], :, slots[s]].T
+                    m = int(torch.searchsorted(f[:, 1], torch.tensor(n_pos, device=f.device)))  # those before n_pos
+                    if m == 0:
+                        continue
+                    prod = torch.bmm(G[t].to(dtype).transpose(0, 1), V[s, t][:n_pos].transpose(1, 2))  # [pos n kmax]
+                    rows[:, starts[s]:starts[s] + m] += prod[f[:m, 1], :, slots[s][:m]].T
                 for l in range(L):
                     if G[l] is not None:
-                        rows[:, n_f + l * P:n_f + (l + 1) * P] = torch.einsum("bpd,pd->bp", G[l].to(dtype), errors[l])
+                        rows[:, n_f + l * P:n_f + l * P + n_pos] = torch.einsum("bpd,pd->bp", G[l].to(dtype),
+                                                                                 errors[l, :n_pos])
                 if G[L] is not None:
-                    rows[:, n_f + L * P:] = torch.einsum("bpd,pd->bp", G[L].to(dtype), run.embed.to(dtype))
+                    rows[:, n_f + L * P:n_f + L * P + n_pos] = torch.einsum("bpd,pd->bp", G[L].to(dtype),
+                                                                             run.embed[:n_pos].to(dtype))
                 return rows
 
+            out, inputs_all = forward(P, None)  # the logit targets read the last position after every block
+            final = out["final"]
             for i in range(0, K, batch_size):
                 vec = logit_vecs[i:i + batch_size]
                 g = torch.zeros(len(vec), 1, *final.shape[1:], dtype=final.dtype, device=final.device)
                 g[:, 0, -1] = vec.to(final.dtype)
-                adjacency[n_src + i:n_src + i + len(vec), :n_src] = backward({final: g}, len(vec)).to(store).cpu()
-            for i in range(0, n_f, batch_size):
-                batch = feats[i:i + batch_size]
-                targets_at = {}
-                for l in batch[:, 0].unique().tolist():
-                    sel = (batch[:, 0] == l).nonzero()[:, 0]
-                    g = torch.zeros(len(batch), 1, *seen[l].shape[1:], dtype=seen[l].dtype, device=seen[l].device)
-                    g[sel, 0, batch[sel, 1]] = enc[l][0][:, batch[sel, 2]].T.to(g.dtype)
-                    targets_at[seen[l]] = g
-                adjacency[i:i + len(batch), :n_src] = backward(targets_at, len(batch)).to(store).cpu()
+                adjacency[n_src + i:n_src + i + len(vec), :n_src] = backward({final: g}, len(vec), inputs_all,
+                                                                             P).to(store).cpu()
+            del out, inputs_all, final
+            # per layer, batches of features in (pos, feature) order: each needs the replacement only up to
+            # its last target's position (the model is causal) and its layer's block
+            for layer in range(L):
+                for i in range(starts[layer], starts[layer + 1], batch_size):
+                    batch = feats[i:min(i + batch_size, starts[layer + 1])]
+                    n_pos = int(batch[:, 1].max()) + 1
+                    out, inputs_all = forward(n_pos, layer + 1)
+                    seen = out["seen"][layer]
+                    g = torch.zeros(len(batch), 1, *seen.shape[1:], dtype=seen.dtype, device=seen.device)
+                    g[torch.arange(len(batch)), 0, batch[:, 1]] = enc[layer][0][:, batch[:, 2]].T.to(g.dtype)
+                    adjacency[i:i + len(batch), :n_src] = backward({seen: g}, len(batch), inputs_all,
+                                                                   n_pos).to(store).cpu()
+                    del out, inputs_all, seen
     finally:
         for p in params:
             p.requires_grad_(True)

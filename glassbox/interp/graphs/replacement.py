@@ -16,13 +16,18 @@ pattern takes attention off its fused kernel). ``live=True`` keeps attention and
 model with the transcoders spliced in), and ``recompute=True`` recomputes the features from the live
 inputs with the transcoders' activations (an intervention's downstream response).
 
+``prefix(n)`` is the same run cut to its first ``n`` positions: the model is causal, so the clean values and
+the frozen patterns and scales of a prefix are those of the whole prompt cut to it (a frozen value is
+cut to the shape the prefix's run asks for, its leading entries along every axis), and an attribution
+target at position p only needs the replacement over positions <= p.
+
 Footguns: the model's hooks are used while this runs (``model.hooks``), so other hooks attached with
 ``add_hook`` stay and change the run; a model with a final logit soft cap is refused (the logits are
 not affine in the residual stream); the first ``exclude_positions`` positions carry no feature or error
 nodes (circuit-tracer's default excludes position 0, the BOS sink): there the MLP output is a constant.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -82,9 +87,18 @@ class ReplacementRun:
         return cls(model, transcoders, tokens, inputs, mlp_out, acts, errors, store["hook_embed"][0],
                    {n: store[n] for n in frozen_names}, logits[0], exclude_positions)
 
+    def prefix(self, n_pos: int) -> "ReplacementRun":
+        """This run cut to its first ``n_pos`` positions (module docstring); the frozen values are shared."""
+        if isinstance(n_pos, bool) or not isinstance(n_pos, int) or not 1 <= n_pos <= self.tokens.shape[0]:
+            raise ValueError(f"n_pos must be an int in [1, {self.tokens.shape[0]}], got {n_pos!r}")
+        return replace(self, tokens=self.tokens[:n_pos], inputs=self.inputs[:, :n_pos], mlp_out=self.mlp_out[:, :n_pos],
+                       acts=self.acts[:, :n_pos], errors=self.errors[:, :n_pos], embed=self.embed[:n_pos],
+                       logits=self.logits[:n_pos])
+
     def frozen_forward(self, embed: Optional[Tensor] = None, acts: Optional[Tensor] = None,
                        errors: Optional[Tensor] = None, *, live: bool = False, recompute: bool = False,
-                       overrides: Optional[dict] = None, leaves: Optional[list] = None) -> dict:
+                       overrides: Optional[dict] = None, leaves: Optional[list] = None,
+                       stop_at_layer: Optional[int] = None) -> dict:
         """Run the replacement with the given embeddings [batch pos d_model], activations [batch layer pos
         d_transcoder] and errors [batch layer pos d_model] (each defaults to the clean values). Returns
         {"inputs": [batch layer pos d_model], "final": [batch pos d_model] (the unembedding's input),
@@ -92,7 +106,9 @@ class ReplacementRun:
         ``overrides`` {(layer, pos, feature): value} fixes features after any recomputation. ``leaves`` (a
         list, for the attribution's backward passes): each layer's output is built as a leaf tensor
         holding everything but the skip term (appended to the list) plus the skip term, so that the
-        gradient at that leaf is the gradient at the layer's output; "seen" then holds the live inputs."""
+        gradient at that leaf is the gradient at the layer's output; "seen" then holds the live inputs.
+        ``stop_at_layer``: run only the first that many blocks (the model's ``stop_at_layer``); "inputs" and
+        "acts" then hold those layers, and there are no "final" and no "logits" (None)."""
         model, ts = self.model, self.transcoders
         batch = max([t.shape[0] for t in (embed, acts, errors) if t is not None] + [1])
         embed = self.embed.expand(batch, -1, -1) if embed is None else embed
@@ -105,7 +121,10 @@ class ReplacementRun:
             return embed.to(value.dtype)
 
         def freeze(value, hook):
-            return self.frozen[hook.name].expand(value.shape)
+            clean = self.frozen[hook.name]
+            if clean.shape[1:] != value.shape[1:]:  # a prefix's run: the clean value's leading entries
+                clean = clean[tuple(slice(0, n) for n in value.shape)]
+            return clean.expand(value.shape)
 
         def read_input(value, hook, layer):
             seen[layer] = value
@@ -143,9 +162,14 @@ class ReplacementRun:
         for l in range(L):
             hooks.append((ts.feature_input_hook(l), _bind(read_input, l)))
             hooks.append((ts.feature_output_hook(l), _bind(write_output, l)))
+        ran = L if stop_at_layer is None else model.check_stop(stop_at_layer, 0)
+        if ran == 0:
+            raise ValueError(f"stop_at_layer={stop_at_layer!r} runs no block; the replacement needs at least one")
         with model.hooks(fwd_hooks=hooks):
-            logits = model(self.tokens[None].expand(batch, -1))
-        out.update(inputs=torch.stack(seen, 1), logits=logits, acts=torch.stack(used, 1), seen=seen)
+            logits = model(self.tokens[None].expand(batch, -1), stop_at_layer=stop_at_layer)
+        if stop_at_layer is not None:
+            logits = None
+        out.update(inputs=torch.stack(seen[:ran], 1), logits=logits, acts=torch.stack(used[:ran], 1), seen=seen)
         return out
 
 
