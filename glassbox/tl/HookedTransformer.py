@@ -203,7 +203,8 @@ class HookedTransformer(TokenizerConventions, _GlassboxTransformer):
             official = get_official_model_name(model_name)
             revision, checkpoint = checkpoint_fields(official, checkpoint_index, checkpoint_value, revision)
             base = load(official, device=where, dtype=dtype, tokenizer=tokenizer, revision=revision)
-            architecture = architecture_of(official, revision=revision).hf_model_class
+            arch = architecture_of(official, revision=revision)  # None: TransformerLens's own format
+            architecture = arch.hf_model_class if arch is not None else None
         return cls.from_glassbox(base, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                                  center_unembed=center_unembed, fold_value_biases=fold_value_biases,
                                  refactor_factored_attn_matrices=refactor_factored_attn_matrices,

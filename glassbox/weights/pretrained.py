@@ -333,11 +333,15 @@ def config_of(name_or_path, revision: Optional[str] = None) -> Config:
 
 def architecture_of(name_or_path: Union[str, Path], revision: Optional[str] = None):
     """The ``Architecture`` a name or folder loads as, read from its config.json alone (the entry of its
-    model_type, as ``from_pretrained`` picks it): an OPT model's is OPT's though its Config is also GPT-2's."""
+    model_type, as ``from_pretrained`` picks it): an OPT model's is OPT's though its Config is also GPT-2's.
+    None for a model in TransformerLens's own format (``tl_format``), which has none."""
     if str(name_or_path) in HUB_MODELS and revision is None and not Path(str(name_or_path)).expanduser().is_dir():
         return ARCHITECTURES["gpt2"]
     folder = resolve(name_or_path, files=["config.json"], revision=revision)
-    return _architecture(read_config(folder), _source(folder, _model_name(name_or_path)))
+    config = read_config(folder)
+    if tl_format.is_tl_format(config):  # TransformerLens's own format: no Hugging Face architecture
+        return None
+    return _architecture(config, _source(folder, _model_name(name_or_path)))
 
 
 def _source(folder: Path, model_name: Optional[str]) -> str:
