@@ -92,3 +92,16 @@ def options_beyond(cfg, allowed=()) -> dict:
         if name not in allowed and getattr(cfg, name) != cfg.use_bias:
             found[name] = getattr(cfg, name)
     return found
+
+
+def check_hf_activation(act, family: str) -> None:
+    """Refuse a Hugging Face ``activation_function`` glassbox's MLP does not compute (one it has no
+    function for, or one with learned parameters), naming the family and the names it accepts."""
+    from ..models.activations import ACTIVATIONS, PARAMETRISED_ACTIVATIONS
+
+    if act in PARAMETRISED_ACTIVATIONS or act not in ACTIVATIONS:
+        from ..suggest import did_you_mean
+
+        raise ValueError(f"{family} activation_function {act!r} is not supported (glassbox computes "
+                         f"{', '.join(a for a in ACTIVATIONS if a not in PARAMETRISED_ACTIVATIONS)})"
+                         + did_you_mean(act, ACTIVATIONS))

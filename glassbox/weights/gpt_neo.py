@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from ..models import Config
-from ..models.activations import ACTIVATIONS, PARAMETRISED_ACTIVATIONS
-from .family import Architecture, options_beyond
+from ..models.activations import PARAMETRISED_ACTIVATIONS
+from .family import Architecture, check_hf_activation, options_beyond
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
 from .layer_types import layer_types_of
 
@@ -58,12 +58,7 @@ def config_from_neo(hf_config) -> Config:
     if getattr(hf_config, "model_type", None) != "gpt_neo":
         raise ValueError(f"expected a GPT-Neo config, got model_type={getattr(hf_config, 'model_type', None)!r}")
     act = hf_config.activation_function
-    if act in PARAMETRISED_ACTIVATIONS or act not in ACTIVATIONS:
-        from ..suggest import did_you_mean
-
-        raise ValueError(f"GPT-Neo activation_function {act!r} is not supported (glassbox computes "
-                         f"{', '.join(a for a in ACTIVATIONS if a not in PARAMETRISED_ACTIVATIONS)})"
-                         + did_you_mean(act, ACTIVATIONS))
+    check_hf_activation(act, "GPT-Neo")
     layers = list(hf_config.attention_layers)
     if len(layers) != hf_config.num_layers or any(t not in ("global", "local") for t in layers):
         raise ValueError(f"GPT-Neo attention_types={hf_config.attention_types!r} gives {layers}: one of 'global', "

@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from ..models import Config
-from ..models.activations import ACTIVATIONS, PARAMETRISED_ACTIVATIONS
-from .family import Architecture, options_beyond
+from ..models.activations import PARAMETRISED_ACTIVATIONS
+from .family import Architecture, check_hf_activation, options_beyond
 from .gpt2 import check_no_extras, check_shapes, expected_shapes
 from .layer_types import attn_types_from
 
@@ -59,12 +59,7 @@ def config_from_opt(hf_config) -> Config:
     if getattr(hf_config, "model_type", None) != "opt":
         raise ValueError(f"expected an OPT config, got model_type={getattr(hf_config, 'model_type', None)!r}")
     act = hf_config.activation_function
-    if act in PARAMETRISED_ACTIVATIONS or act not in ACTIVATIONS:
-        from ..suggest import did_you_mean
-
-        raise ValueError(f"OPT activation_function {act!r} is not supported (glassbox computes "
-                         f"{', '.join(a for a in ACTIVATIONS if a not in PARAMETRISED_ACTIVATIONS)})"
-                         + did_you_mean(act, ACTIVATIONS))
+    check_hf_activation(act, "OPT")
     proj = hf_config.word_embed_proj_dim
     if proj is not None and proj != hf_config.hidden_size:
         raise ValueError(f"OPT word_embed_proj_dim={proj} differs from hidden_size={hf_config.hidden_size}: the "
